@@ -1,0 +1,1 @@
+"""coverpruner.engines"""
