@@ -1,0 +1,116 @@
+"""ONNX Runtime session factory: provider names -> ORT execution providers.
+
+The runtime asks this module for one session per graph (see ``SessionFactory``); a native
+TensorRT engine loader can replace it behind the same call without touching the pipeline.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import onnxruntime as ort
+
+#: Public provider names accepted by ``make_session`` and ``coverpruner-run --provider``.
+PROVIDERS = ("cpu", "cuda", "tensorrt")
+
+# Which ORT execution providers a public name needs, in priority order. TensorRT keeps CUDA and
+# CPU behind it because ORT assigns every node TensorRT cannot take to the next provider.
+_ORT_PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+_INSTALL_HINT = {
+    "cuda": "onnxruntime-gpu",
+    "tensorrt": "onnxruntime-gpu built with TensorRT and the TensorRT libraries",
+}
+
+
+class ProviderError(ValueError):
+    """An unknown provider name, or one whose ORT execution provider is not installed."""
+
+
+def ort_providers(provider: str) -> list[str]:
+    """Map a public provider name to ORT execution provider names, checking availability.
+
+    Raises ProviderError naming the provider, what it needs and what is available.
+    """
+    if provider not in _ORT_PROVIDERS:
+        raise ProviderError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+    wanted = _ORT_PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if wanted[0] not in available:
+        raise ProviderError(
+            f"provider {provider!r} needs {_INSTALL_HINT[provider]} ({wanted[0]}); "
+            f"available: {available}"
+        )
+    return [p for p in wanted if p in available]
+
+
+def device_type(provider: str) -> str:
+    """The ORT device type ('cpu' or 'cuda') where a provider keeps its tensors for IO binding."""
+    return "cpu" if provider == "cpu" else "cuda"
+
+
+def session_options(threads: int | None = None, optimization: str = "all") -> ort.SessionOptions:
+    """SessionOptions with intra-op threads (None -> ORT default) and a graph optimization level."""
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    if optimization not in levels:
+        raise ValueError(f"unknown graph optimization {optimization!r}; expected one of {list(levels)}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = levels[optimization]
+    if threads is not None:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    # Quiet ORT's per-node fallback warnings; real failures still raise.
+    so.log_severity_level = 3
+    return so
+
+
+def make_session(
+    path: str | os.PathLike,
+    provider: str = "cpu",
+    threads: int | None = None,
+    optimization: str = "all",
+) -> ort.InferenceSession:
+    """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt')."""
+    path = Path(path)
+    providers = ort_providers(provider)
+    if not path.is_file():
+        raise FileNotFoundError(f"graph file not found: {path}")
+    options = session_options(threads, optimization)
+    try:
+        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    except Exception as exc:  # ORT raises its own exception types with long messages
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RuntimeError(f"cannot load graph {path.name} on provider {provider!r}: {first}") from exc
+
+
+#: A session factory: (graph name, graph path) -> an object with ORT's InferenceSession API.
+SessionFactory = Callable[[str, Path], ort.InferenceSession]
+
+
+@dataclass(frozen=True)
+class OrtSessionFactory:
+    """Default factory the Pipeline calls once per graph; a TensorRT engine factory can replace it."""
+
+    provider: str = "cpu"
+    threads: int | None = None
+    optimization: str = "all"
+
+    def __post_init__(self) -> None:
+        ort_providers(self.provider)  # fail early with the clear message
+
+    def __call__(self, name: str, path: Path) -> ort.InferenceSession:
+        return make_session(path, self.provider, self.threads, self.optimization)
