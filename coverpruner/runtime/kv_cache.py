@@ -1,0 +1,86 @@
+"""Decoder loop state: a KV cache in two preallocated ping-pong buffers bound with ORT IO binding.
+
+The decoder graph concatenates past and new keys/values into ``present.{i}.*`` [B,H_kv,P+S,hd].
+Instead of letting ORT allocate a fresh present every step (and copying it through numpy), each
+layer's key and value own two flat device buffers sized for the whole request (prompt + new
+tokens). Step t reads ``past`` from buffer A and has ORT write ``present`` straight into buffer B
+(a [B,H_kv,P+S,hd] view of its first elements); step t+1 swaps the roles. Nothing is allocated
+or copied on the host per step besides the one-token inputs and the logits row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+
+class DecoderSession:
+    """Runs one decoder graph with IO binding and owns its KV cache.
+
+    num_layers, num_kv_heads, head_dim: cache geometry. dtype: numpy float dtype of the cache and
+    inputs_embeds (float32 or float16). device: 'cpu' or 'cuda' (where the cache lives).
+    """
+
+    def __init__(self, session: ort.InferenceSession, num_layers: int, num_kv_heads: int, head_dim: int,
+                 vocab_size: int, dtype=np.float32, device: str = "cpu"):
+        self.session = session
+        self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
+        self.vocab_size = vocab_size
+        self.dtype = np.dtype(dtype)
+        self.device = device
+        names = {i.name for i in session.get_inputs()}
+        want = {"inputs_embeds", "attention_mask", "position_ids"} | {
+            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
+        missing = sorted(want - names)
+        if missing:
+            raise ValueError(f"decoder graph lacks inputs {missing[:4]} (has {sorted(names)[:6]}...)")
+        self.capacity = 0
+        self.length = 0  # tokens already in the cache (P)
+
+    # -- cache ------------------------------------------------------------------------------
+    def reset(self, capacity: int) -> None:
+        """Empty the cache and make sure the buffers hold ``capacity`` tokens (reused if they do)."""
+        if capacity > self.capacity:
+            n = self.h * capacity * self.hd
+            # [layer][key/value][ping/pong] flat buffers on the provider's device
+            self._buf = [[[ort.OrtValue.ortvalue_from_shape_and_type([n], self.dtype, self.device, 0)
+                           for _ in range(2)] for _ in range(2)] for _ in range(self.num_layers)]
+            self._mask = ort.OrtValue.ortvalue_from_numpy(np.ones((1, capacity), np.int64), self.device, 0)
+            self.capacity = capacity
+        self._logits = np.empty((1, 1, self.vocab_size), dtype=self.dtype)
+        self._logits_value = ort.OrtValue.ortvalue_from_numpy(self._logits)
+        self._cur = 0
+        self.length = 0
+
+    def _shape(self, length: int) -> list[int]:
+        return [1, self.h, length, self.hd]
+
+    # -- one forward ------------------------------------------------------------------------
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Append S tokens. inputs_embeds [1,S,d] (cache dtype), position_ids int64 [1,S].
+
+        Returns logits [V] of the last position (a view that the next call overwrites).
+        """
+        s = inputs_embeds.shape[1]
+        total = self.length + s
+        if total > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {total} requested")
+        b = self.session.io_binding()
+        b.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=self.dtype))
+        b.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
+        b.bind_input("attention_mask", self.device, 0, np.int64, [1, total], self._mask.data_ptr())
+        src, dst = self._cur, 1 - self._cur
+        for i in range(self.num_layers):
+            for j, kv in enumerate(("key", "value")):
+                if self.length == 0:
+                    # ORT rejects binding a null pointer; an empty host array is an empty past.
+                    b.bind_cpu_input(f"past_key_values.{i}.{kv}", np.zeros(self._shape(0), self.dtype))
+                else:
+                    b.bind_input(f"past_key_values.{i}.{kv}", self.device, 0, self.dtype,
+                                 self._shape(self.length), self._buf[i][j][src].data_ptr())
+                b.bind_output(f"present.{i}.{kv}", self.device, 0, self.dtype,
+                              self._shape(total), self._buf[i][j][dst].data_ptr())
+        b.bind_ortvalue_output("logits", self._logits_value)
+        self.session.run_with_iobinding(b)
+        self._cur, self.length = dst, total
+        return self._logits[0, -1]
