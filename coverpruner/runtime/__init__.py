@@ -1,1 +1,11 @@
-"""coverpruner.runtime"""
+"""coverpruner.runtime: load an engine dir and answer image + question with pruned visual tokens.
+
+Never imports torch or transformers' modeling code.
+"""
+
+from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
+from coverpruner.runtime.pipeline import METHODS, Pipeline, TextStream
+from coverpruner.runtime.result import GenerationResult
+
+__all__ = ["Pipeline", "TextStream", "GenerationResult", "METHODS", "CoverPrunerError", "ManifestError",
+           "ImageError", "PromptError", "OptionError"]

@@ -1,0 +1,234 @@
+"""Pipeline: an exported engine dir answering image + question with pruned visual tokens.
+
+One request (shapes for one image, n visual tokens, hidden size d, native length L):
+
+    image -> pixel_values [1,3,H,W] -> vision -> V [n,d]
+    prompt -> chat template -> ids [L] -> embed (text ids only) -> text embeds [L-n,d]
+    [prefix; V; suffix] [L,d] -> probe -> relevance r [n]          (only for methods that use it)
+    (V, r, budget, tau) -> selector -> keep [m] ascending
+    [prefix; V[keep]; suffix] [L',d] -> decoder prefill -> logits -> sample -> decode loop
+
+This module never imports torch or transformers' modeling code.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
+from coverpruner.runtime.errors import ManifestError, OptionError, PromptError
+from coverpruner.runtime.kv_cache import DecoderSession
+from coverpruner.runtime.manifest import Manifest, graph_spec, load_manifest
+from coverpruner.runtime.preprocess import ImageSettings, preprocess_image
+from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
+from coverpruner.runtime.sampling import Sampler, SamplingConfig
+from coverpruner.runtime.text import PromptEncoder, StreamDecoder
+
+#: Selection methods the runtime offers (coverpruner.selection.get_selector names).
+METHODS = ("coverpruner", "divprune", "attention", "uniform", "random")
+#: Methods that read the layer-0 demand; the probe graph runs only for these.
+_USES_RELEVANCE = {"coverpruner", "attention"}
+
+
+def parse_budget(budget) -> int | None:
+    """None / "full" -> None (no pruning); a positive int (or its string) -> int; else OptionError."""
+    if budget is None or (isinstance(budget, str) and budget.strip().lower() == "full"):
+        return None
+    try:
+        value = int(budget)
+    except (TypeError, ValueError):
+        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}") from None
+    if value < 1 or (isinstance(budget, float) and budget != value):
+        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}")
+    return value
+
+
+def _selector(method: str):
+    if method not in METHODS:
+        raise OptionError(f"unknown method {method!r}; expected one of {list(METHODS)}")
+    from coverpruner.selection import get_selector  # numpy path; torch only if given torch tensors
+
+    return get_selector(method)
+
+
+class TextStream:
+    """Iterator over decoded text pieces; ``result`` holds the GenerationResult once exhausted."""
+
+    def __init__(self, gen: Iterator):
+        self._gen = gen
+        self.result: GenerationResult | None = None
+
+    def __iter__(self):
+        self.result = yield from self._gen
+
+
+class Pipeline:
+    """Loaded engine dir: sessions for vision, embed, probe and decoder, tokenizer and settings."""
+
+    def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu"):
+        self.manifest = manifest
+        self.provider = provider
+        d, t = manifest.dims, manifest.token_ids
+        self.num_visual_tokens = int(d["num_visual_tokens"])
+        self.max_positions = int(d["max_position_embeddings"])
+        self.float_dtype = np.dtype(manifest.float_dtype)
+        self.eos_ids = set(np.atleast_1d(t["eos_token_id"]).astype(int).tolist())
+        self.image_settings = ImageSettings.from_dict(manifest.processor)
+        root = manifest.root
+        tok_file = next((f for f in manifest.raw.get("tokenizer_files", ["tokenizer.json"])
+                         if f.endswith("tokenizer.json")), "tokenizer.json")
+        special = {}
+        self.encoder = PromptEncoder(root / tok_file, manifest.chat_template, t["image_token_id"],
+                                     self.num_visual_tokens, special)
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if isinstance(t.get(key), int):
+                special[key[:-3]] = self.encoder.tokenizer.id_to_token(t[key]) or ""
+        self.encoder.special_tokens = special
+        self.sessions = sessions
+        self.decoder = DecoderSession(
+            sessions["decoder"], int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]),
+            int(d["vocab_size"]), self.float_dtype, device_type(provider))
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def load(cls, path, provider: str = "cpu", threads: int | None = None,
+             session_factory: Callable | None = None, verify: bool = True) -> "Pipeline":
+        """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt' (ORT's TensorRT EP).
+
+        session_factory(name, path) -> session replaces the ORT factory (e.g. native TensorRT engines).
+        Raises ManifestError / ProviderError with one-line messages on bad input.
+        """
+        if provider not in PROVIDERS:
+            raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+        manifest = load_manifest(Path(path), verify=verify)
+        try:
+            factory = session_factory or OrtSessionFactory(provider, threads)
+        except ProviderError as exc:
+            raise OptionError(str(exc)) from None
+        sessions = {name: factory(name, graph_spec(manifest, name).path)
+                    for name in ("vision", "embed", "probe", "decoder")}
+        return cls(manifest, sessions, provider)
+
+    # -- stages -----------------------------------------------------------------------------
+    def image_features(self, pixel_values: np.ndarray) -> np.ndarray:
+        """pixel_values float32 [1,3,H,W] -> V [n,d] in the graph's float dtype."""
+        out = self.sessions["vision"].run(["image_features"], {"pixel_values": pixel_values.astype(self.float_dtype)})[0]
+        if out.ndim != 3 or out.shape[1] != self.num_visual_tokens:
+            raise ManifestError(f"vision graph returned {out.shape}, manifest says n={self.num_visual_tokens}")
+        return out[0]
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        """int64 [S] -> inputs_embeds [S,d]."""
+        return self.sessions["embed"].run(["inputs_embeds"], {"input_ids": ids[None].astype(np.int64)})[0][0]
+
+    def relevance(self, embeds: np.ndarray, visual_pos: np.ndarray, instr_pos: np.ndarray) -> np.ndarray:
+        """Layer-0 demand. embeds [L,d] native sequence -> relevance float32 [n]."""
+        feeds = {"inputs_embeds": embeds[None], "position_ids": np.arange(len(embeds), dtype=np.int64)[None],
+                 "visual_positions": visual_pos, "instruction_positions": instr_pos}
+        return self.sessions["probe"].run(["relevance"], feeds)[0].astype(np.float32)
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
+                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 seed: int | None = None) -> GenerationResult:
+        """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). budget: int, "full" or None."""
+        stream = self.stream(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def stream(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
+               max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None) -> TextStream:
+        """Like generate, but iterating yields text pieces as they decode; ``.result`` at the end.
+
+        Options are validated here, before any work, so bad options fail at the call.
+        """
+        budget_n = parse_budget(budget)
+        select = _selector(method) if budget_n is not None else None
+        tau = float(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        sampling = SamplingConfig(temperature, top_p, seed)
+        return TextStream(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens, sampling, seed))
+
+    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed):
+        times = dict.fromkeys(TIMING_KEYS, 0.0)
+        t_start = t = time.perf_counter()
+        pixel_values = preprocess_image(image, self.image_settings)
+        enc = self.encoder.encode(prompt)
+        L, n = len(enc.input_ids), self.num_visual_tokens
+        if L >= self.max_positions:
+            raise PromptError(f"prompt is {L} tokens including {n} visual tokens; the context allows "
+                              f"{self.max_positions - 1} before the first answer token")
+        times["preprocess"], t = time.perf_counter() - t, time.perf_counter()
+
+        feats = self.image_features(pixel_values)  # [n,d]
+        times["vision"], t = time.perf_counter() - t, time.perf_counter()
+
+        is_text = np.ones(L, dtype=bool)
+        is_text[enc.visual_positions] = False
+        embeds = np.empty((L, feats.shape[1]), dtype=self.float_dtype)
+        embeds[is_text] = self.embed(enc.input_ids[is_text])
+        embeds[enc.visual_positions] = feats
+        times["embed"], t = time.perf_counter() - t, time.perf_counter()
+
+        relevance = None
+        if budget is not None and method in _USES_RELEVANCE:
+            relevance = self.relevance(embeds, enc.visual_positions, enc.instruction_positions)
+        times["probe"], t = time.perf_counter() - t, time.perf_counter()
+
+        if budget is None:
+            keep = np.arange(n, dtype=np.int64)
+        else:
+            kw = {"tau": tau} if method == "coverpruner" else {"seed": seed} if method == "random" else {}
+            keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, **kw),
+                              dtype=np.int64)
+        times["select"], t = time.perf_counter() - t, time.perf_counter()
+
+        # Pruned sequence: all text tokens plus the kept visual tokens, in native order.
+        rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[keep]]))
+        seq = embeds[rows]
+        if self.manifest.position_mode == "compact":
+            positions = np.arange(len(rows), dtype=np.int64)
+        else:  # native: kept tokens keep their original positions
+            positions = rows.astype(np.int64)
+        room = self.max_positions - int(positions[-1]) - 1
+        steps = min(max_new_tokens, room)
+        self.decoder.reset(len(rows) + steps)
+        logits = self.decoder.forward(seq[None], positions[None])
+        sampler = Sampler(sampling)
+        token = sampler(logits)
+        times["prefill"], t = time.perf_counter() - t, time.perf_counter()
+
+        stream = StreamDecoder(self.encoder)
+        tokens = [token]
+        finish = "length" if steps == max_new_tokens else "context"
+        next_pos = int(positions[-1]) + 1
+        while True:
+            if token in self.eos_ids:
+                finish = "eos"
+                break
+            piece = stream.push(token)
+            if piece:
+                yield piece
+            if len(tokens) >= steps:
+                break
+            emb = self.embed(np.array([token], dtype=np.int64))
+            logits = self.decoder.forward(emb[None], np.array([[next_pos]], dtype=np.int64))
+            next_pos += 1
+            token = sampler(logits)
+            tokens.append(token)
+        piece = stream.flush()
+        if piece:
+            yield piece
+        times["decode"] = time.perf_counter() - t
+        times["total"] = time.perf_counter() - t_start
+        return GenerationResult(
+            text=stream.emitted, token_ids=tokens, kept_indices=keep, relevance=relevance, timings=times,
+            num_visual_tokens=n, prompt_tokens=L, prefill_tokens=len(rows), budget=budget, method=method,
+            finish_reason=finish)

@@ -1,0 +1,62 @@
+"""What one request returns: text, tokens, the kept visual tokens, demand and timings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Keys of ``GenerationResult.timings`` (seconds). ``preprocess`` = image preprocessing + chat
+#: template + tokenization; ``decode`` = all decode steps after the first token (which prefill gives).
+TIMING_KEYS = ("preprocess", "vision", "embed", "probe", "select", "prefill", "decode", "total")
+
+
+@dataclass
+class GenerationResult:
+    """One answer.
+
+    token_ids: generated ids (the EOS id included when generation stopped on it).
+    kept_indices: int64 [m] visual-token indices kept, ascending (all n for budget "full").
+    relevance: float32 [n] layer-0 demand from the probe, or None when no method needed it.
+    timings: seconds per stage, keys TIMING_KEYS.
+    """
+
+    text: str
+    token_ids: list[int]
+    kept_indices: np.ndarray
+    relevance: np.ndarray | None
+    timings: dict
+    num_visual_tokens: int
+    prompt_tokens: int  # native sequence length L (all visual tokens)
+    prefill_tokens: int  # sequence length the decoder saw after pruning
+    budget: int | None
+    method: str
+    finish_reason: str  # "eos", "length" (max_new_tokens) or "context" (context window full)
+    timings_ms: dict = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.timings_ms = {k: v * 1e3 for k, v in self.timings.items()}
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode steps per second (tokens after the first); 0.0 when there were none."""
+        steps = max(len(self.token_ids) - 1, 0)
+        return steps / self.timings["decode"] if steps and self.timings["decode"] > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (lists instead of arrays)."""
+        return {
+            "text": self.text,
+            "token_ids": [int(t) for t in self.token_ids],
+            "kept_indices": [int(i) for i in self.kept_indices],
+            "relevance": None if self.relevance is None else [float(x) for x in self.relevance],
+            "num_visual_tokens": self.num_visual_tokens,
+            "kept_tokens": int(len(self.kept_indices)),
+            "prompt_tokens": self.prompt_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "budget": self.budget,
+            "method": self.method,
+            "finish_reason": self.finish_reason,
+            "timings": {k: float(v) for k, v in self.timings.items()},
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+        }
