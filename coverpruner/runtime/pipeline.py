@@ -27,9 +27,10 @@ from coverpruner.runtime.preprocess import ImageSettings, preprocess_image
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
+from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
 
-#: Selection methods the runtime offers (coverpruner.selection.get_selector names).
-METHODS = ("coverpruner", "divprune", "attention", "uniform", "random")
+#: Selection methods the runtime offers: the names coverpruner.selection registers.
+METHODS = tuple(SELECTORS)
 #: Methods that read the layer-0 demand; the probe graph runs only for these.
 _USES_RELEVANCE = {"coverpruner", "attention"}
 
@@ -50,8 +51,6 @@ def parse_budget(budget) -> int | None:
 def _selector(method: str):
     if method not in METHODS:
         raise OptionError(f"unknown method {method!r}; expected one of {list(METHODS)}")
-    from coverpruner.selection import get_selector  # numpy path; torch only if given torch tensors
-
     return get_selector(method)
 
 
@@ -185,9 +184,9 @@ class Pipeline:
         if budget is None:
             keep = np.arange(n, dtype=np.int64)
         else:
-            kw = {"tau": tau} if method == "coverpruner" else {"seed": seed} if method == "random" else {}
-            keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, **kw),
-                              dtype=np.int64)
+            # selectors ignore options they do not use (tau: coverpruner, seed: random)
+            keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, tau=tau,
+                                     seed=seed), dtype=np.int64)
         times["select"], t = time.perf_counter() - t, time.perf_counter()
 
         # Pruned sequence: all text tokens plus the kept visual tokens, in native order.
