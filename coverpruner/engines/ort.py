@@ -87,9 +87,9 @@ def make_session(
     """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt')."""
     path = Path(path)
     providers = ort_providers(provider)
+    options = session_options(threads, optimization)
     if not path.is_file():
         raise FileNotFoundError(f"graph file not found: {path}")
-    options = session_options(threads, optimization)
     try:
         return ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types with long messages

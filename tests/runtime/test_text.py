@@ -1,0 +1,79 @@
+"""Chat template + tokenization == the HF LlavaProcessor; instruction positions from offsets."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from coverpruner.runtime.errors import PromptError
+from coverpruner.runtime.text import PromptEncoder, StreamDecoder
+
+transformers = pytest.importorskip("transformers")
+from coverpruner.testing.checkpoints import LLAVA_HF_CHAT_TEMPLATE, build_processor  # noqa: E402
+from coverpruner.testing.tokenizer import train_tokenizer  # noqa: E402
+
+PROMPTS = ["What is shown in this image?", "  How many red cars are there?\nAnswer with one word. ",
+           "Describe the scene: sky, tree, house – and the STOP sign (ünïcode).", "x"]
+
+
+@pytest.fixture(scope="module")
+def hf_processor(tmp_path_factory):
+    proc = build_processor(train_tokenizer(vocab_size=600, seed=3), image_size=56, patch_size=14)
+    root = tmp_path_factory.mktemp("proc")
+    proc.save_pretrained(root)
+    return proc, root
+
+
+def _encoder(root, proc, n):
+    tok = proc.tokenizer
+    return PromptEncoder(root / "tokenizer.json", LLAVA_HF_CHAT_TEMPLATE, tok.convert_tokens_to_ids("<image>"), n,
+                         {"bos_token": tok.bos_token, "eos_token": tok.eos_token})
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ids_equal_hf_processor(hf_processor, prompt):
+    proc, root = hf_processor
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = proc.apply_chat_template(messages, add_generation_prompt=True)
+    image = Image.new("RGB", (60, 70), (10, 200, 30))
+    want = proc(images=image, text=text, return_tensors="np")["input_ids"][0]
+    n = int((want == proc.tokenizer.convert_tokens_to_ids("<image>")).sum())
+    assert n == 16  # 56/14 squared, CLS dropped
+    enc = _encoder(root, proc, n).encode(prompt)
+    assert enc.text == text
+    np.testing.assert_array_equal(enc.input_ids, want)
+    assert enc.visual_positions.tolist() == np.flatnonzero(want == proc.tokenizer.convert_tokens_to_ids("<image>")).tolist()
+
+
+def test_instruction_positions_cover_exactly_the_prompt(hf_processor):
+    proc, root = hf_processor
+    enc = _encoder(root, proc, 16).encode("How many red cars are there?")
+    tok = proc.tokenizer
+    pieces = tok.convert_ids_to_tokens(enc.input_ids[enc.instruction_positions].tolist())
+    decoded = tok.convert_tokens_to_string(pieces).strip()
+    assert decoded == "How many red cars are there?"
+    # nothing of the template ("USER:", "ASSISTANT:", BOS, "\n") and no visual token is an instruction token
+    assert not set(enc.instruction_positions.tolist()) & set(enc.visual_positions.tolist())
+    first, last = enc.instruction_positions[0], enc.instruction_positions[-1]
+    assert np.array_equal(enc.instruction_positions, np.arange(first, last + 1))
+    assert first > enc.visual_positions[-1]
+    rest = tok.convert_tokens_to_string(tok.convert_ids_to_tokens(enc.input_ids[last + 1:].tolist()))
+    assert rest.strip() == "ASSISTANT:"
+
+
+def test_prompt_errors(hf_processor):
+    proc, root = hf_processor
+    enc = _encoder(root, proc, 16)
+    with pytest.raises(PromptError, match="empty"):
+        enc.encode("   ")
+    with pytest.raises(PromptError, match="image placeholder"):
+        enc.encode("look at <image> please")
+
+
+def test_stream_decoder_pieces_join_to_full_text(hf_processor):
+    proc, root = hf_processor
+    enc = _encoder(root, proc, 16)
+    ids = enc.tokenizer.encode("Red house near the tall tree, ünïcode ✓ 2025!", add_special_tokens=False).ids
+    sd = StreamDecoder(enc)
+    pieces = [sd.push(i) for i in ids] + [sd.flush()]
+    assert "".join(pieces) == enc.decode(ids) == proc.tokenizer.decode(ids, skip_special_tokens=True)
+    assert sum(1 for p in pieces if p) > 3  # really incremental
