@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
+from coverpruner.families import get_family
 from coverpruner.runtime.errors import ManifestError, OptionError, PromptError
 from coverpruner.runtime.kv_cache import DecoderSession
 from coverpruner.runtime.manifest import Manifest, graph_spec, load_manifest
@@ -77,16 +78,14 @@ class Pipeline:
         self.float_dtype = np.dtype(manifest.float_dtype)
         self.eos_ids = set(np.atleast_1d(t["eos_token_id"]).astype(int).tolist())
         self.image_settings = ImageSettings.from_dict(manifest.processor)
-        root = manifest.root
         tok_file = next((f for f in manifest.raw.get("tokenizer_files", ["tokenizer.json"])
                          if f.endswith("tokenizer.json")), "tokenizer.json")
-        special = {}
-        self.encoder = PromptEncoder(root / tok_file, manifest.chat_template, t["image_token_id"],
-                                     self.num_visual_tokens, special)
-        for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if isinstance(t.get(key), int):
-                special[key[:-3]] = self.encoder.tokenizer.id_to_token(t[key]) or ""
-        self.encoder.special_tokens = special
+        try:
+            self.family = get_family(manifest.family)
+        except KeyError as exc:
+            raise ManifestError(f"{manifest.root / 'manifest.json'}: {exc.args[0]}") from None
+        self.encoder = PromptEncoder(manifest.root / tok_file, manifest.chat_template, t["image_token_id"],
+                                     self.num_visual_tokens, self.family)
         self.sessions = sessions
         self.decoder = DecoderSession(
             sessions["decoder"], int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]),

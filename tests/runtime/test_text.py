@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from coverpruner.families import get_family
 from coverpruner.runtime.errors import PromptError
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
 
@@ -26,7 +27,7 @@ def hf_processor(tmp_path_factory):
 def _encoder(root, proc, n):
     tok = proc.tokenizer
     return PromptEncoder(root / "tokenizer.json", LLAVA_HF_CHAT_TEMPLATE, tok.convert_tokens_to_ids("<image>"), n,
-                         {"bos_token": tok.bos_token, "eos_token": tok.eos_token})
+                         get_family("llava"))
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -39,7 +40,7 @@ def test_ids_equal_hf_processor(hf_processor, prompt):
     n = int((want == proc.tokenizer.convert_tokens_to_ids("<image>")).sum())
     assert n == 16  # 56/14 squared, CLS dropped
     enc = _encoder(root, proc, n).encode(prompt)
-    assert enc.text == text
+    assert enc.text == text.replace("<image>", "<image>" * n)
     np.testing.assert_array_equal(enc.input_ids, want)
     assert enc.visual_positions.tolist() == np.flatnonzero(want == proc.tokenizer.convert_tokens_to_ids("<image>")).tolist()
 
@@ -65,7 +66,7 @@ def test_prompt_errors(hf_processor):
     enc = _encoder(root, proc, 16)
     with pytest.raises(PromptError, match="empty"):
         enc.encode("   ")
-    with pytest.raises(PromptError, match="image placeholder"):
+    with pytest.raises(PromptError, match="must not contain the image token"):
         enc.encode("look at <image> please")
 
 
