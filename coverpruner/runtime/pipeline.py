@@ -191,8 +191,8 @@ class Pipeline:
         # Pruned sequence: all text tokens plus the kept visual tokens, in native order.
         rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[keep]]))
         seq = embeds[rows]
-        if self.manifest.position_mode == "compact":
-            positions = np.arange(len(rows), dtype=np.int64)
+        if self.manifest.position_mode == "compact":  # re-packed 0..L'-1 as the family defines it
+            positions = np.asarray(self.family.pruned_position_ids(len(rows)), dtype=np.int64).reshape(-1)
         else:  # native: kept tokens keep their original positions
             positions = rows.astype(np.int64)
         room = self.max_positions - int(positions[-1]) - 1
