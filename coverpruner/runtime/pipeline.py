@@ -178,7 +178,7 @@ class Pipeline:
         relevance = None
         if budget is not None and method in _USES_RELEVANCE:
             relevance = self.relevance(embeds, enc.visual_positions, enc.instruction_positions)
-        times["probe"], t = time.perf_counter() - t, time.perf_counter()
+            times["probe"], t = time.perf_counter() - t, time.perf_counter()
 
         if budget is None:
             keep = np.arange(n, dtype=np.int64)
@@ -186,7 +186,7 @@ class Pipeline:
             # selectors ignore options they do not use (tau: coverpruner, seed: random)
             keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, tau=tau,
                                      seed=seed), dtype=np.int64)
-        times["select"], t = time.perf_counter() - t, time.perf_counter()
+            times["select"], t = time.perf_counter() - t, time.perf_counter()
 
         # Pruned sequence: all text tokens plus the kept visual tokens, in native order.
         rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[keep]]))

@@ -1,0 +1,114 @@
+"""coverpruner-run: output modes, and each bad input -> one line on stderr and exit code 2."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from coverpruner.runtime.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def _run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_output_has_result_and_timings(tiny_export, demo_image, capsys):
+    code, out, err = _run(capsys, tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--budget", "16",
+                          "--method", "divprune", "--max-new-tokens", "5", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    assert set(res["timings"]) >= {"vision", "embed", "probe", "select", "prefill", "decode", "total"}
+    assert all(v >= 0 for v in res["timings"].values())
+    assert res["timings"]["total"] >= res["timings"]["prefill"] + res["timings"]["vision"]
+    assert res["kept_tokens"] == 16 and len(res["token_ids"]) == 5 and res["method"] == "divprune"
+    assert res["kept_indices"] == sorted(res["kept_indices"]) and "decode_tokens_per_s" in res
+
+
+def test_plain_and_stream_output_match_and_full_budget(tiny_export, demo_image, capsys):
+    args = [tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--max-new-tokens", "6",
+            "--budget", "full"]
+    code, plain, err = _run(capsys, *args)
+    assert code == 0 and "timings ms:" in err and "kept 144/144" in err
+    code, streamed, _ = _run(capsys, *args, "--stream")
+    assert code == 0 and streamed == plain
+
+
+def test_save_selection_draws_kept_patches(tiny_export, demo_image, tmp_path, capsys):
+    png = tmp_path / "sel.png"
+    code, out, err = _run(capsys, tiny_export, "--image", demo_image, "--prompt", "Where is the tree?", "--budget",
+                          "12", "--max-new-tokens", "2", "--json", "--save-selection", png)
+    assert code == 0, err
+    kept = json.loads(out)["kept_indices"]
+    img = np.asarray(Image.open(png).convert("RGB")).astype(float)
+    side = 12  # 144 visual tokens
+    ph = img.shape[0] // side
+    means = np.array([[img[r * ph + 2:(r + 1) * ph - 2, c * ph + 2:(c + 1) * ph - 2].mean() for c in range(side)]
+                      for r in range(side)]).reshape(-1)
+    pruned = np.setdiff1d(np.arange(side * side), kept)
+    assert means[kept].mean() > 2.5 * means[pruned].mean()  # pruned patches dimmed
+
+
+@pytest.mark.parametrize("case", ["missing_dir", "missing_manifest", "unknown_version", "sha_mismatch",
+                                  "missing_image", "corrupt_image", "prompt_too_long", "unknown_method",
+                                  "unknown_provider", "bad_budget"])
+def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, capsys):
+    engine, image, prompt, extra = engine_copy, demo_image, "What is shown?", []
+    expect = {
+        "missing_dir": "engine directory not found", "missing_manifest": "manifest.json not found",
+        "unknown_version": "unknown format_version 99", "sha_mismatch": "decoder.onnx: sha256 mismatch",
+        "missing_image": "image not found", "corrupt_image": "cannot read image",
+        "prompt_too_long": "the context allows", "unknown_method": "unknown method 'fastv'",
+        "unknown_provider": "unknown provider 'npu'", "bad_budget": "budget must be a positive integer or 'full'",
+    }[case]
+    if case == "missing_dir":
+        engine = tmp_path / "nowhere"
+    elif case == "missing_manifest":
+        (engine / "manifest.json").unlink()
+    elif case == "unknown_version":
+        m = json.loads((engine / "manifest.json").read_text())
+        m["format_version"] = 99
+        (engine / "manifest.json").write_text(json.dumps(m))
+    elif case == "sha_mismatch":
+        data = bytearray((engine / "decoder.onnx").read_bytes())
+        data[-100] ^= 0xFF
+        (engine / "decoder.onnx").write_bytes(bytes(data))
+    elif case == "missing_image":
+        image = tmp_path / "none.jpg"
+    elif case == "corrupt_image":
+        image = tmp_path / "bad.jpg"
+        image.write_bytes(b"\xff\xd8\xff garbage")
+    elif case == "prompt_too_long":
+        prompt = "red tree " * 600
+    elif case == "unknown_method":
+        extra = ["--method", "fastv"]
+    elif case == "unknown_provider":
+        extra = ["--provider", "npu"]
+    elif case == "bad_budget":
+        extra = ["--budget", "-3"]
+    code, out, err = _run(capsys, engine, "--image", image, "--prompt", prompt, "--max-new-tokens", "2", *extra)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("coverpruner-run: error: ") and expect in lines[0], err
+    assert "Traceback" not in err and out == ""
+
+
+def test_missing_gpu_provider_is_a_clear_error(tiny_export, demo_image, capsys):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("CUDA EP installed; the error path needs a machine without it")
+    code, _, err = _run(capsys, tiny_export, "--image", demo_image, "--prompt", "x", "--provider", "cuda")
+    assert code == 2 and "provider 'cuda' needs onnxruntime-gpu" in err and "available:" in err
+
+
+def test_console_entry_point_exit_code(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "coverpruner.runtime.cli", str(tmp_path / "x"), "--image", "a.png",
+                          "--prompt", "q"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "engine directory not found" in out.stderr

@@ -1,0 +1,74 @@
+"""Pipeline API behaviour beyond parity: streaming, sampling seeds, every method, context limits, options."""
+
+import json
+
+import numpy as np
+import pytest
+
+from coverpruner.runtime import OptionError, Pipeline, PromptError
+
+pytestmark = pytest.mark.slow
+Q = "What is shown in this image?"
+
+
+def test_stream_pieces_join_to_generate_text(pipe, demo_image):
+    full = pipe.generate(demo_image, Q, budget=32, max_new_tokens=12)
+    stream = pipe.stream(demo_image, Q, budget=32, max_new_tokens=12)
+    pieces = list(stream)
+    assert len(pieces) > 1 and "".join(pieces) == full.text == stream.result.text
+    assert stream.result.token_ids == full.token_ids
+
+
+def test_seeded_sampling_reproduces(pipe, demo_image):
+    kw = dict(budget=32, max_new_tokens=12, temperature=1.5, top_p=0.95)
+    a = pipe.generate(demo_image, Q, seed=7, **kw).token_ids
+    assert pipe.generate(demo_image, Q, seed=7, **kw).token_ids == a
+    others = {tuple(pipe.generate(demo_image, Q, seed=s, **kw).token_ids) for s in range(3)}
+    assert len(others | {tuple(a)}) > 1
+    greedy = pipe.generate(demo_image, Q, budget=32, max_new_tokens=12).token_ids
+    assert pipe.generate(demo_image, Q, budget=32, max_new_tokens=12, seed=99).token_ids == greedy
+
+
+@pytest.mark.parametrize("method", ["attention", "uniform", "random"])
+def test_every_method_keeps_budget_sorted(pipe, demo_image, method):
+    r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, seed=3)
+    k = r.kept_indices
+    assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < pipe.num_visual_tokens
+    assert (r.relevance is not None) == (method == "attention")
+    assert r.timings["probe"] > 0 if method == "attention" else r.timings["probe"] == 0
+
+
+def test_budget_at_least_n_equals_full(pipe, demo_image):
+    full = pipe.generate(demo_image, Q, budget=None, max_new_tokens=8)
+    big = pipe.generate(demo_image, Q, budget=10_000, max_new_tokens=8)
+    assert big.token_ids == full.token_ids and len(big.kept_indices) == pipe.num_visual_tokens
+
+
+def test_generation_stops_at_context_end(engine_copy, demo_image):
+    m = json.loads((engine_copy / "manifest.json").read_text())
+    p = Pipeline.load(engine_copy)
+    L = p.encoder.encode(Q).input_ids.size
+    m["dims"]["max_position_embeddings"] = L + 3  # the unpruned prompt leaves room for 3 tokens
+    (engine_copy / "manifest.json").write_text(json.dumps(m))
+    p = Pipeline.load(engine_copy)
+    r = p.generate(demo_image, Q, budget="full", max_new_tokens=50)
+    assert len(r.token_ids) == 3 and r.finish_reason == "context"
+    r = p.generate(demo_image, Q, budget=16, method="divprune", max_new_tokens=50)  # pruning frees 128 positions
+    assert len(r.token_ids) == 50 and r.finish_reason == "length"
+    with pytest.raises(PromptError, match="the context allows"):
+        m["dims"]["max_position_embeddings"] = L - 5
+        (engine_copy / "manifest.json").write_text(json.dumps(m))
+        Pipeline.load(engine_copy).generate(demo_image, Q, budget=16)
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(budget="abc"), "budget must be"), (dict(budget=0), "budget must be"),
+                                    (dict(max_new_tokens=0), "max_new_tokens"), (dict(method="nope"), "unknown method"),
+                                    (dict(temperature=-1.0), "temperature")])
+def test_bad_options_fail_before_work(pipe, demo_image, kw, msg):
+    with pytest.raises(OptionError, match=msg):
+        pipe.stream(demo_image, Q, **kw)
+
+
+def test_empty_prompt(pipe, demo_image):
+    with pytest.raises(PromptError, match="empty"):
+        pipe.generate(demo_image, "  ")
