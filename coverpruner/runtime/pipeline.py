@@ -132,16 +132,20 @@ class Pipeline:
     # -- generation -------------------------------------------------------------------------
     def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None) -> GenerationResult:
-        """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). budget: int, "full" or None."""
-        stream = self.stream(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed)
+                 seed: int | None = None, ignore_eos: bool = False) -> GenerationResult:
+        """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). budget: int, "full" or None.
+
+        ignore_eos: keep decoding past EOS up to max_new_tokens (fixed-length runs for benchmarks).
+        """
+        stream = self.stream(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
+                             ignore_eos)
         for _ in stream:
             pass
         return stream.result
 
     def stream(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int | None = None) -> TextStream:
+               seed: int | None = None, ignore_eos: bool = False) -> TextStream:
         """Like generate, but iterating yields text pieces as they decode; ``.result`` at the end.
 
         Options are validated here, before any work, so bad options fail at the call.
@@ -152,9 +156,11 @@ class Pipeline:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling = SamplingConfig(temperature, top_p, seed)
-        return TextStream(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens, sampling, seed))
+        stop_ids = set() if ignore_eos else self.eos_ids
+        return TextStream(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens, sampling, seed,
+                                    stop_ids))
 
-    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed):
+    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed, stop_ids):
         times = dict.fromkeys(TIMING_KEYS, 0.0)
         t_start = t = time.perf_counter()
         pixel_values = preprocess_image(image, self.image_settings)
@@ -208,7 +214,7 @@ class Pipeline:
         finish = "length" if steps == max_new_tokens else "context"
         next_pos = int(positions[-1]) + 1
         while True:
-            if token in self.eos_ids:
+            if token in stop_ids:
                 finish = "eos"
                 break
             piece = stream.push(token)

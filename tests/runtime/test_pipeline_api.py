@@ -72,3 +72,17 @@ def test_bad_options_fail_before_work(pipe, demo_image, kw, msg):
 def test_empty_prompt(pipe, demo_image):
     with pytest.raises(PromptError, match="empty"):
         pipe.generate(demo_image, "  ")
+
+
+def test_eos_stops_unless_ignored(engine_copy, demo_image):
+    first = Pipeline.load(engine_copy).generate(demo_image, Q, budget=16, max_new_tokens=6).token_ids
+    m = json.loads((engine_copy / "manifest.json").read_text())
+    m["token_ids"]["eos_token_id"] = first[2]  # make the third greedy token the end of sequence
+    (engine_copy / "manifest.json").write_text(json.dumps(m))
+    p = Pipeline.load(engine_copy)
+    stop = first.index(first[2]) + 1
+    r = p.generate(demo_image, Q, budget=16, max_new_tokens=6)
+    assert r.token_ids == first[:stop] and r.finish_reason == "eos"
+    assert r.text == p.encoder.decode(first[:stop - 1])  # the EOS token is not part of the text
+    r = p.generate(demo_image, Q, budget=16, max_new_tokens=6, ignore_eos=True)
+    assert r.token_ids == first and r.finish_reason == "length"
