@@ -56,8 +56,13 @@ def device_type(provider: str) -> str:
     return "cpu" if provider == "cpu" else "cuda"
 
 
-def session_options(threads: int | None = None, optimization: str = "all") -> ort.SessionOptions:
-    """SessionOptions with intra-op threads (None -> ORT default) and a graph optimization level."""
+def session_options(threads: int | None = None, optimization: str = "all", spin: bool = True) -> ort.SessionOptions:
+    """SessionOptions with intra-op threads (None -> ORT default) and a graph optimization level.
+
+    spin=False stops idle ORT worker threads from busy-waiting after a run: right for graphs that are
+    followed by numpy work (vision, probe -> selection), which would otherwise share the cores with
+    spinning threads; the decode loop's graphs keep spinning for back-to-back runs.
+    """
     levels = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -73,6 +78,8 @@ def session_options(threads: int | None = None, optimization: str = "all") -> or
     if threads is not None:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Quiet ORT's per-node fallback warnings; real failures still raise.
     so.log_severity_level = 3
     return so
@@ -83,11 +90,12 @@ def make_session(
     provider: str = "cpu",
     threads: int | None = None,
     optimization: str = "all",
+    spin: bool = True,
 ) -> ort.InferenceSession:
     """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt')."""
     path = Path(path)
     providers = ort_providers(provider)
-    options = session_options(threads, optimization)
+    options = session_options(threads, optimization, spin)
     if not path.is_file():
         raise FileNotFoundError(f"graph file not found: {path}")
     try:
@@ -108,9 +116,11 @@ class OrtSessionFactory:
     provider: str = "cpu"
     threads: int | None = None
     optimization: str = "all"
+    #: graphs run back to back in the decode loop; the others run once and are followed by numpy work
+    spinning_graphs: tuple = ("embed", "decoder")
 
     def __post_init__(self) -> None:
         ort_providers(self.provider)  # fail early with the clear message
 
     def __call__(self, name: str, path: Path) -> ort.InferenceSession:
-        return make_session(path, self.provider, self.threads, self.optimization)
+        return make_session(path, self.provider, self.threads, self.optimization, name in self.spinning_graphs)

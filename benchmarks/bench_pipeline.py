@@ -1,0 +1,226 @@
+"""End-to-end Pipeline latency on the shape-real LLaVA-1.5-7B preset (random weights, few decoder layers).
+
+For budgets full/128/64/32 the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
+fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
+select, prefill and per-token decode. Checks, all from the same run:
+  (a) decoder prefill speed-up at budget 64 over full >= 0.9 x the ideal (576+T)/(64+T), T = text tokens;
+  (b) probe + select at budget 64 <= 0.25 x one decoder layer's prefill at full length
+      (full prefill / number of layers);
+  (c) the speed-up projected to the real 32-layer decoder, 32 x per-layer prefill at full over
+      32 x per-layer prefill at the budget + probe + select, printed beside the ideal.
+
+    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_pipeline.py            # ~2 GB checkpoint, ~4 GB
+    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_pipeline.py --quick    # 1 repeat
+
+The checkpoint (coverpruner-make-checkpoint --preset llava-1.5-7b --layers 2) and its fp32 engine dir are
+built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGETS = ("full", 128, 64, 32)
+STAGES = ("vision", "embed", "probe", "select", "prefill")
+REAL_LAYERS = 32
+
+
+def prepare(workdir: Path, layers: int, dtype: str) -> Path:
+    """Shape-real checkpoint + engine dir under workdir (built once, reused); returns the engine dir."""
+    ckpt = workdir / f"llava-1.5-7b-{layers}l"
+    engine = workdir / f"llava-1.5-7b-{layers}l-{dtype}"
+    if not (ckpt / "config.json").is_file():
+        from coverpruner.testing.checkpoints import write_checkpoint
+
+        print(f"writing checkpoint {ckpt}", flush=True)
+        write_checkpoint(ckpt, preset="llava-1.5-7b", layers=layers, seed=0)
+    if not (engine / "manifest.json").is_file():
+        from coverpruner.export.exporter import ExportOptions, export_model
+
+        print(f"exporting {engine}", flush=True)
+        export_model(ckpt, engine, f"llava-1.5-7b preset, {layers} layers, random weights",
+                     ExportOptions(dtype=dtype, graphs=("vision", "embed", "probe", "decoder"), progress=False))
+    return engine
+
+
+def median_timings(pipe, image, prompt, budget, method, new_tokens, repeats):
+    runs = [pipe.generate(image, prompt, budget=budget, method=method, max_new_tokens=new_tokens, ignore_eos=True)
+            for _ in range(repeats)]
+    med = {k: statistics.median(r.timings[k] for r in runs) for k in runs[0].timings}
+    med["decode_per_token"] = statistics.median(r.timings["decode"] / max(len(r.token_ids) - 1, 1) for r in runs)
+    last = runs[-1]
+    return med, {"prefill_tokens": last.prefill_tokens, "prompt_tokens": last.prompt_tokens,
+                 "kept": int(len(last.kept_indices)), "runs": [r.timings for r in runs]}
+
+
+def analyse(rows: dict, n: int, layers: int) -> dict:
+    full = rows["full"]
+    T = full["prompt_tokens"] - n
+    per_layer_full = full["timings"]["prefill"] / layers
+    out = {"text_tokens": T, "per_layer_prefill_full_s": per_layer_full, "budgets": {}}
+    for b, row in rows.items():
+        if b == "full":
+            continue
+        t = row["timings"]
+        ideal = (n + T) / (int(b) + T)
+        measured = full["timings"]["prefill"] / t["prefill"]
+        per_layer_b = t["prefill"] / layers
+        projected = (REAL_LAYERS * per_layer_full) / (REAL_LAYERS * per_layer_b + t["probe"] + t["select"])
+        out["budgets"][str(b)] = {
+            "ideal_speedup": ideal, "measured_prefill_speedup": measured, "fraction_of_ideal": measured / ideal,
+            "probe_plus_select_s": t["probe"] + t["select"],
+            "probe_plus_select_over_layer": (t["probe"] + t["select"]) / per_layer_full,
+            "projected_32_layer_speedup": projected,
+            "decode_per_token_speedup": full["timings"]["decode_per_token"] / t["decode_per_token"],
+        }
+    b64 = out["budgets"]["64"]
+    out["checks"] = {
+        "a_prefill_64_at_least_0.9_ideal": b64["fraction_of_ideal"] >= 0.9,
+        "b_probe_select_at_most_0.25_layer": b64["probe_plus_select_over_layer"] <= 0.25,
+    }
+    return out
+
+
+def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
+    """Stacked stage times per budget (left) and prefill speed-up measured / ideal / projected (right)."""
+    from PIL import Image, ImageDraw
+
+    W, H, pad = 1100, 520, 60
+    img = Image.new("RGB", (W, H), "white")
+    d = ImageDraw.Draw(img)
+    d.text((pad, 15), title, fill="black")
+    colors = {"vision": (120, 120, 200), "embed": (160, 160, 160), "probe": (230, 150, 40),
+              "select": (200, 60, 60), "prefill": (60, 150, 90), "decode_per_token": (40, 40, 40)}
+    # left: stacked seconds
+    x0, y0, w, h = pad, 60, 460, 380
+    names = list(rows)
+    total_max = max(sum(rows[b]["timings"][s] for s in STAGES) for b in names) * 1.1
+    d.line([x0, y0 + h, x0 + w, y0 + h], fill="black")
+    d.line([x0, y0, x0, y0 + h], fill="black")
+    for k in range(5):
+        v = total_max * k / 4
+        yy = y0 + h - h * k / 4
+        d.text((x0 - 50, yy - 6), f"{v:.2f}s", fill="black")
+    bw = w / len(names) * 0.6
+    for i, b in enumerate(names):
+        cx = x0 + (i + 0.5) * w / len(names)
+        acc = 0.0
+        for s in STAGES:
+            v = rows[b]["timings"][s]
+            ya, yb = y0 + h - h * (acc + v) / total_max, y0 + h - h * acc / total_max
+            d.rectangle([cx - bw / 2, ya, cx + bw / 2, yb], fill=colors[s])
+            acc += v
+        d.text((cx - 20, y0 + h + 8), f"{b}", fill="black")
+    d.text((x0, y0 + h + 30), "budget (visual tokens kept): stage seconds, median", fill="black")
+    for j, s in enumerate(STAGES):
+        d.rectangle([x0 + j * 90, y0 + h + 50, x0 + j * 90 + 12, y0 + h + 62], fill=colors[s])
+        d.text((x0 + j * 90 + 16, y0 + h + 50), s, fill="black")
+    # right: speed-ups
+    x1 = 620
+    bud = list(analysis["budgets"])
+    vmax = max(max(v["ideal_speedup"], v["measured_prefill_speedup"], v["projected_32_layer_speedup"])
+               for v in analysis["budgets"].values()) * 1.1
+    d.line([x1, y0 + h, x1 + w - 40, y0 + h], fill="black")
+    d.line([x1, y0, x1, y0 + h], fill="black")
+    for k in range(5):
+        v = vmax * k / 4
+        d.text((x1 - 40, y0 + h - h * k / 4 - 6), f"{v:.1f}x", fill="black")
+    series = [("ideal (576+T)/(m+T)", "ideal_speedup", (150, 150, 150)),
+              ("measured prefill", "measured_prefill_speedup", (60, 150, 90)),
+              ("projected 32-layer incl. probe+select", "projected_32_layer_speedup", (200, 60, 60))]
+    gw = (w - 40) / len(bud)
+    for i, b in enumerate(bud):
+        for j, (_, key, col) in enumerate(series):
+            v = analysis["budgets"][b][key]
+            xa = x1 + i * gw + 15 + j * (gw - 30) / 3
+            d.rectangle([xa, y0 + h - h * v / vmax, xa + (gw - 30) / 3 - 4, y0 + h], fill=col)
+            d.text((xa, y0 + h - h * v / vmax - 14), f"{v:.1f}", fill="black")
+        d.text((x1 + i * gw + gw / 2 - 10, y0 + h + 8), b, fill="black")
+    for j, (label, _, col) in enumerate(series):
+        d.rectangle([x1, y0 + h + 30 + j * 16, x1 + 12, y0 + h + 42 + j * 16], fill=col)
+        d.text((x1 + 16, y0 + h + 30 + j * 16), label, fill="black")
+    img.save(path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", type=Path, default=ROOT / "benchmarks" / "work", help="checkpoint/engine cache")
+    p.add_argument("--layers", type=int, default=2, help="decoder layers of the shape-real preset (default 2)")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"), help="export precision (CPU: fp32)")
+    p.add_argument("--provider", default="cpu", help="cpu, cuda or tensorrt")
+    p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: all cores)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per budget (median)")
+    p.add_argument("--new-tokens", type=int, default=8, help="answer length per run (decode timing)")
+    p.add_argument("--method", default="coverpruner")
+    p.add_argument("--quick", action="store_true", help="1 repeat")
+    p.add_argument("--tag", default=None, help="results file tag (default: <provider>)")
+    p.add_argument("--engine", type=Path, default=None,
+                   help="use this engine dir instead of building the shape-real preset (smoke runs)")
+    args = p.parse_args(argv)
+    repeats = 1 if args.quick else args.repeats
+
+    engine = args.engine or prepare(args.workdir, args.layers, args.dtype)
+    from coverpruner.runtime import Pipeline
+
+    pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads)
+    image = ROOT / "coverpruner" / "assets" / "demo.png"
+    prompt = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
+    n = pipe.num_visual_tokens
+    print(f"engine {engine.name}: n={n}, layers={args.layers}, provider={args.provider}, threads={args.threads}",
+          flush=True)
+    for b in ("full", 64):  # warm-up: ORT arenas, first-run kernel selection
+        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=2, ignore_eos=True)
+    rows = {}
+    for b in BUDGETS:
+        med, info = median_timings(pipe, image, prompt, b, args.method, args.new_tokens, repeats)
+        rows[str(b)] = {"timings": med, **info}
+        print(f"budget {str(b):>4}: prefill {info['prefill_tokens']:4d} tok "
+              + " ".join(f"{s}={med[s] * 1e3:8.1f}ms" for s in STAGES)
+              + f" decode/token={med['decode_per_token'] * 1e3:7.1f}ms", flush=True)
+    analysis = analyse(rows, n, args.layers)
+    print(f"T = {analysis['text_tokens']} text tokens; per-layer prefill at full = "
+          f"{analysis['per_layer_prefill_full_s'] * 1e3:.1f} ms")
+    for b, a in analysis["budgets"].items():
+        print(f"budget {b:>4}: prefill speed-up {a['measured_prefill_speedup']:5.2f}x vs ideal {a['ideal_speedup']:5.2f}x"
+              f" ({a['fraction_of_ideal']:.2f} of ideal); probe+select = {a['probe_plus_select_over_layer']:.3f}"
+              f" x one layer; projected 32-layer speed-up {a['projected_32_layer_speedup']:5.2f}x"
+              f" (ideal {a['ideal_speedup']:5.2f}x)")
+    for k, ok in analysis["checks"].items():
+        print(f"check {k}: {'PASS' if ok else 'FAIL'}")
+
+    import onnxruntime
+
+    tag = args.tag or args.provider + ("_quick" if args.quick else "")
+    out_dir = ROOT / "benchmarks" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {
+        "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
+        "preset": "llava-1.5-7b" if args.engine is None else str(args.engine), "layers": args.layers, "precision": args.dtype, "method": args.method,
+        "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
+                    "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "num_visual_tokens": n, "timing_unit": "seconds (median)", "budgets": rows, "analysis": analysis,
+    }
+    name = f"llava-1.5-7b-{args.layers}l" if args.engine is None else args.engine.name
+    path = out_dir / f"pipeline_{name}_{tag}.json"
+    path.write_text(json.dumps(result, indent=2))
+    plot(path.with_suffix(".png"), rows, analysis,
+         f"CoverPruner pipeline, llava-1.5-7b widths, {args.layers} decoder layers, {args.provider}, "
+         f"{args.dtype}, {os.cpu_count()} CPUs (median of {repeats})")
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0 if all(analysis["checks"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
