@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--method", default=None,
                        help=f"selection method, one of {', '.join(METHODS)} (default: manifest)")
     prune.add_argument("--tau", type=float, default=None, help="demand temperature (default: manifest, 0.3)")
+    prune.add_argument("--selector", choices=("numpy", "onnx"), default="numpy",
+                       help="run the coverpruner method in numpy (default) or with the dir's selector.onnx")
     gen = p.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="answer length limit (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -61,7 +63,7 @@ def run(args) -> int:
         raise OptionError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
     if args.method is not None and args.method not in METHODS:
         raise OptionError(f"unknown method {args.method!r}; expected one of {list(METHODS)}")
-    pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads)
+    pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector)
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")

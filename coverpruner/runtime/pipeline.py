@@ -72,6 +72,8 @@ class Pipeline:
     def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu"):
         self.manifest = manifest
         self.provider = provider
+        #: "onnx" when a selector.onnx session runs the coverpruner method, else "numpy"
+        self.selector_backend = "onnx" if "selector" in sessions else "numpy"
         d, t = manifest.dims, manifest.token_ids
         self.num_visual_tokens = int(d["num_visual_tokens"])
         self.max_positions = int(d["max_position_embeddings"])
@@ -94,21 +96,26 @@ class Pipeline:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
-             session_factory: Callable | None = None, verify: bool = True) -> "Pipeline":
+             session_factory: Callable | None = None, verify: bool = True, selector: str = "numpy") -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt' (ORT's TensorRT EP).
+
+        selector: 'numpy' (coverpruner.selection, default) or 'onnx' (the dir's selector.onnx runs the
+        coverpruner method on the provider; baselines stay numpy).
 
         session_factory(name, path) -> session replaces the ORT factory (e.g. native TensorRT engines).
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+        if selector not in ("numpy", "onnx"):
+            raise OptionError(f"unknown selector backend {selector!r}; expected 'numpy' or 'onnx'")
         manifest = load_manifest(Path(path), verify=verify)
         try:
             factory = session_factory or OrtSessionFactory(provider, threads)
         except ProviderError as exc:
             raise OptionError(str(exc)) from None
-        sessions = {name: factory(name, graph_spec(manifest, name).path)
-                    for name in ("vision", "embed", "probe", "decoder")}
+        names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
+        sessions = {name: factory(name, graph_spec(manifest, name).path) for name in names}
         return cls(manifest, sessions, provider)
 
     # -- stages -----------------------------------------------------------------------------
@@ -128,6 +135,12 @@ class Pipeline:
         feeds = {"inputs_embeds": embeds[None], "position_ids": np.arange(len(embeds), dtype=np.int64)[None],
                  "visual_positions": visual_pos, "instruction_positions": instr_pos}
         return self.sessions["probe"].run(["relevance"], feeds)[0].astype(np.float32)
+
+    def select_onnx(self, feats: np.ndarray, relevance: np.ndarray, budget: int, tau: float) -> np.ndarray:
+        """selector.onnx: V [n,d], relevance float32 [n] -> keep int64 [m] ascending."""
+        feeds = {"image_features": feats, "relevance": relevance.astype(np.float32),
+                 "budget": np.array(budget, dtype=np.int64), "tau": np.array(tau, dtype=np.float32)}
+        return self.sessions["selector"].run(["keep"], feeds)[0].astype(np.int64)
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
@@ -188,6 +201,9 @@ class Pipeline:
 
         if budget is None:
             keep = np.arange(n, dtype=np.int64)
+        elif method == "coverpruner" and self.selector_backend == "onnx":
+            keep = self.select_onnx(feats, relevance, budget, tau)
+            times["select"], t = time.perf_counter() - t, time.perf_counter()
         else:
             # selectors ignore options they do not use (tau: coverpruner, seed: random)
             keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, tau=tau,

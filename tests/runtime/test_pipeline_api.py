@@ -86,3 +86,18 @@ def test_eos_stops_unless_ignored(engine_copy, demo_image):
     assert r.text == p.encoder.decode(first[:stop - 1])  # the EOS token is not part of the text
     r = p.generate(demo_image, Q, budget=16, max_new_tokens=6, ignore_eos=True)
     assert r.token_ids == first and r.finish_reason == "length"
+
+
+def test_onnx_selector_backend_keeps_same_tokens(tiny_export, pipe, demo_image):
+    import json as _json
+
+    if "selector" not in _json.loads((tiny_export / "manifest.json").read_text())["graphs"]:
+        pytest.skip("engine dir has no selector.onnx (its builder is not installed)")
+    onnx_pipe = Pipeline.load(tiny_export, selector="onnx")
+    assert onnx_pipe.selector_backend == "onnx" and pipe.selector_backend == "numpy"
+    for budget in (64, 16):
+        a = onnx_pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
+        b = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
+        assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
+    with pytest.raises(OptionError, match="unknown selector backend"):
+        Pipeline.load(tiny_export, selector="cuda-kernel")
