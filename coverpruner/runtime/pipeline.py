@@ -115,7 +115,12 @@ class Pipeline:
         except ProviderError as exc:
             raise OptionError(str(exc)) from None
         names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
-        sessions = {name: factory(name, graph_spec(manifest, name).path) for name in names}
+        sessions = {}
+        for name in names:
+            try:
+                sessions[name] = factory(name, graph_spec(manifest, name).path)
+            except (RuntimeError, OSError) as exc:  # ORT could not build a session from a verified file
+                raise ManifestError(str(exc).splitlines()[0]) from None
         return cls(manifest, sessions, provider)
 
     # -- stages -----------------------------------------------------------------------------

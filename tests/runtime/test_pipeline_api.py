@@ -101,3 +101,19 @@ def test_onnx_selector_backend_keeps_same_tokens(tiny_export, pipe, demo_image):
         assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
     with pytest.raises(OptionError, match="unknown selector backend"):
         Pipeline.load(tiny_export, selector="cuda-kernel")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("provider", ["cuda", "tensorrt"])
+def test_gpu_providers_match_cpu_tokens(tiny_export, pipe, demo_image, provider):
+    import onnxruntime as ort
+
+    ep = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}[provider]
+    if ep not in ort.get_available_providers():
+        pytest.skip(f"{ep} not available (needs onnxruntime-gpu{' with TensorRT' if provider == 'tensorrt' else ''}"
+                    " and a CUDA GPU)")
+    gpu = Pipeline.load(tiny_export, provider=provider)
+    for budget in ("full", 64, 16):
+        a = gpu.generate(demo_image, Q, budget=budget, max_new_tokens=8)
+        b = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=8)
+        assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
