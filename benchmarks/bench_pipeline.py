@@ -1,6 +1,6 @@
 """End-to-end Pipeline latency on the shape-real LLaVA-1.5-7B preset (random weights, few decoder layers).
 
-For budgets full/128/64/32 the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
+For budgets full/128/64/32 (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
 fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
 select, prefill and per-token decode. Checks, all from the same run:
   (a) decoder prefill speed-up at budget 64 over full >= 0.9 x the ideal (576+T)/(64+T), T = text tokens;
@@ -53,14 +53,23 @@ def prepare(workdir: Path, layers: int, dtype: str) -> Path:
     return engine
 
 
-def median_timings(pipe, image, prompt, budget, method, new_tokens, repeats):
-    runs = [pipe.generate(image, prompt, budget=budget, method=method, max_new_tokens=new_tokens, ignore_eos=True)
-            for _ in range(repeats)]
-    med = {k: statistics.median(r.timings[k] for r in runs) for k in runs[0].timings}
-    med["decode_per_token"] = statistics.median(r.timings["decode"] / max(len(r.token_ids) - 1, 1) for r in runs)
-    last = runs[-1]
-    return med, {"prefill_tokens": last.prefill_tokens, "prompt_tokens": last.prompt_tokens,
-                 "kept": int(len(last.kept_indices)), "runs": [r.timings for r in runs]}
+def run_budgets(pipe, image, prompt, method, new_tokens, repeats):
+    """Round-robin over budgets ``repeats`` times (a slow spell on a shared machine hits every budget alike).
+
+    Returns {budget: {"timings": medians (+ decode_per_token), prefill/prompt tokens, kept, runs}}.
+    """
+    runs = {str(b): [] for b in BUDGETS}
+    for _ in range(repeats):
+        for b in BUDGETS:
+            runs[str(b)].append(pipe.generate(image, prompt, budget=b, method=method, max_new_tokens=new_tokens,
+                                              ignore_eos=True))
+    rows = {}
+    for b, rs in runs.items():
+        med = {k: statistics.median(r.timings[k] for r in rs) for k in rs[0].timings}
+        med["decode_per_token"] = statistics.median(r.timings["decode"] / max(len(r.token_ids) - 1, 1) for r in rs)
+        rows[b] = {"timings": med, "prefill_tokens": rs[-1].prefill_tokens, "prompt_tokens": rs[-1].prompt_tokens,
+                   "kept": int(len(rs[-1].kept_indices)), "runs": [r.timings for r in rs]}
+    return rows
 
 
 def analyse(rows: dict, n: int, layers: int) -> dict:
@@ -159,7 +168,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"), help="export precision (CPU: fp32)")
     p.add_argument("--provider", default="cpu", help="cpu, cuda or tensorrt")
     p.add_argument("--threads", type=int, default=None, help="ORT intra-op threads (default: all cores)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per budget (median)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per budget (median)")
     p.add_argument("--new-tokens", type=int, default=8, help="answer length per run (decode timing)")
     p.add_argument("--method", default="coverpruner")
     p.add_argument("--quick", action="store_true", help="1 repeat")
@@ -179,12 +188,11 @@ def main(argv=None) -> int:
     print(f"engine {engine.name}: n={n}, layers={args.layers}, provider={args.provider}, threads={args.threads}",
           flush=True)
     for b in ("full", 64):  # warm-up: ORT arenas, first-run kernel selection
-        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=2, ignore_eos=True)
-    rows = {}
-    for b in BUDGETS:
-        med, info = median_timings(pipe, image, prompt, b, args.method, args.new_tokens, repeats)
-        rows[str(b)] = {"timings": med, **info}
-        print(f"budget {str(b):>4}: prefill {info['prefill_tokens']:4d} tok "
+        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True)
+    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats)
+    for b, row in rows.items():
+        med = row["timings"]
+        print(f"budget {b:>4}: prefill {row['prefill_tokens']:4d} tok "
               + " ".join(f"{s}={med[s] * 1e3:8.1f}ms" for s in STAGES)
               + f" decode/token={med['decode_per_token'] * 1e3:7.1f}ms", flush=True)
     analysis = analyse(rows, n, args.layers)
