@@ -100,7 +100,10 @@ def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> Sa
     except ImportError as exc:
         raise ExportError("selector.onnx: the selector graph builder (coverpruner.export.selector_graph) is not "
                           "available in this installation; export without it with --graphs") from exc
-    model = build_selector_model(float_dtype=float_dtype, opset=opts.opset, form=opts.selector_form)
+    try:
+        model = build_selector_model(float_dtype=float_dtype, opset=opts.opset, form=opts.selector_form)
+    except (ImportError, ValueError) as exc:
+        raise ExportError(f"selector.onnx (--selector {opts.selector_form}): {exc}") from exc
     return save_proto(model, out_dir / "selector.onnx", external_data=opts.external_data == "always")
 
 
