@@ -42,6 +42,22 @@ def test_make_checkpoint_cli_layers_and_seed(tmp_path):
         make_checkpoint_main(["--layers", "0", "--output", str(tmp_path / "b")])
 
 
+def test_llava_7b_preset_has_the_real_widths():
+    """The latency preset matches llava-hf/llava-1.5-7b-hf's shapes (config only; no weights written)."""
+    from coverpruner.families import get_family
+    from coverpruner.testing.checkpoints import build_config
+
+    cfg = build_config("llava-1.5-7b", image_token_id=32000, pad_token_id=32001, tokenizer_size=1002, layers=2)
+    t, v = cfg.text_config, cfg.vision_config
+    assert (t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.intermediate_size, t.vocab_size) == \
+        (4096, 32, 32, 11008, 32064)
+    assert t.num_hidden_layers == 2 and t.max_position_embeddings == 4096
+    assert (v.hidden_size, v.num_hidden_layers, v.num_attention_heads, v.intermediate_size) == (1024, 24, 16, 4096)
+    assert (v.image_size, v.patch_size, v.hidden_act) == (336, 14, "quick_gelu")
+    assert get_family("llava").num_visual_tokens(cfg) == 576 == cfg.image_seq_length
+    assert build_config("llava-1.5-7b", 32000, 32001, 1002).text_config.num_hidden_layers == 32
+
+
 def _run_cli(args, env_extra):
     env = {**os.environ, **env_extra, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "coverpruner.export.cli", *args], capture_output=True, text=True,
