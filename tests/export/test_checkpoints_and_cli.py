@@ -95,3 +95,41 @@ def test_cli_exports_from_local_directory(tiny_checkpoint, tmp_path, capsys):
     man = json.loads((out / "manifest.json").read_text())
     assert list(man["graphs"]) == ["embed"] and man["source_model"] == str(tiny_checkpoint)
     assert "wrote embed" in capsys.readouterr().out
+
+
+def _fake_hf_cache(cache: Path, repo_id: str, files: dict[str, Path | str]) -> Path:
+    """The hub cache layout: models--org--name/{refs/main, snapshots/<commit>/...}. Returns the snapshot dir."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for name, src in files.items():
+        (snap / name).write_bytes(src.read_bytes() if isinstance(src, Path) else src.encode())
+    return snap
+
+
+def test_resolve_alias_and_repo_id_from_hf_cache(tiny_checkpoint, tmp_path):
+    from coverpruner.export.resolve import MissingModelError, resolve_model
+
+    cache = tmp_path / "hub"
+    files = {f.name: f for f in tiny_checkpoint.iterdir() if f.is_file()}
+    snap = _fake_hf_cache(cache, "llava-hf/llava-1.5-7b-hf", files)
+    assert resolve_model("llava-1.5-7b", cache_dir=str(cache)) == (snap, "llava-hf/llava-1.5-7b-hf")
+    assert resolve_model("llava-hf/llava-1.5-7b-hf", cache_dir=str(cache))[0] == snap
+
+    # A snapshot with the config but a missing weight shard is reported, not half-exported.
+    index = '{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    _fake_hf_cache(cache, "llava-hf/llava-1.5-13b-hf", {"config.json": "{}", "model.safetensors.index.json": index,
+                                                        "model-00001-of-00002.safetensors": "x"})
+    with pytest.raises(MissingModelError, match=r"(?s)llava-1.5-13b-hf.*incomplete.*model-00002-of-00002.*"
+                                                r"huggingface-cli download llava-hf/llava-1.5-13b-hf"):
+        resolve_model("llava-1.5-13b", cache_dir=str(cache))
+
+
+def test_bad_cli_arguments_exit_2(tiny_checkpoint, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--graphs", "vision,foo"])
+    assert exc.value.code == 2
+    assert export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--opset", "16"]) == 2
