@@ -1,0 +1,487 @@
+// CUDA coverage selector: kernels and the C entry point declared in coverpruner/coverage_select.h.
+//
+// Pipeline for a batch of B problems (one launch each, all on the caller's stream):
+//   1. normalize_rows      grid B*n          Vn = V / max(||V||, 1e-12), in the feature dtype
+//   2. cuBLAS              strided batched   M = Vn Vn^T, float32 output and accumulation
+//   3. center_clip_rows    grid B*n          A = max(0, M - rowmean(M)) in place
+//   4. greedy_select       grid B            weights, initial gains, m greedy steps with the
+//                                            incremental gain update, sorted output
+// The greedy runs in one block per problem so the m sequential steps cost no kernel launches.
+#include "coverpruner/coverage_select.h"
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <climits>
+#include <cstdio>
+#include <string>
+
+namespace
+{
+
+constexpr float kNormEps = 1e-12f;
+constexpr int kRowThreads = 256;
+constexpr int kGreedyThreads = 1024;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+thread_local std::string g_last_error;
+
+int fail(int status, std::string const& message)
+{
+    g_last_error = message;
+    return status;
+}
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Sum over a block of up to 1024 threads; every thread gets the result.
+__device__ float block_sum(float v, float* scratch /* [32] shared */)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_down_sync(kFullMask, v, off);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    const int warps = (blockDim.x + 31) >> 5;
+    v = (threadIdx.x < warps) ? scratch[threadIdx.x] : 0.f;
+    if (warp == 0)
+        for (int off = 16; off > 0; off >>= 1)
+            v += __shfl_down_sync(kFullMask, v, off);
+    if (threadIdx.x == 0)
+        scratch[0] = v;
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads(); // scratch may be reused right after
+    return v;
+}
+
+// Min and max over a block; every thread gets both.
+__device__ void block_min_max(float& lo, float& hi, float* scratch_lo, float* scratch_hi)
+{
+    for (int off = 16; off > 0; off >>= 1)
+    {
+        lo = fminf(lo, __shfl_down_sync(kFullMask, lo, off));
+        hi = fmaxf(hi, __shfl_down_sync(kFullMask, hi, off));
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+    {
+        scratch_lo[warp] = lo;
+        scratch_hi[warp] = hi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        const int warps = (blockDim.x + 31) >> 5;
+        for (int w = 1; w < warps; ++w)
+        {
+            scratch_lo[0] = fminf(scratch_lo[0], scratch_lo[w]);
+            scratch_hi[0] = fmaxf(scratch_hi[0], scratch_hi[w]);
+        }
+    }
+    __syncthreads();
+    lo = scratch_lo[0];
+    hi = scratch_hi[0];
+    __syncthreads();
+}
+
+template <typename T>
+__global__ void normalize_rows(T const* __restrict__ x, T* __restrict__ y, int d)
+{
+    __shared__ float scratch[32];
+    const size_t row = blockIdx.x;
+    T const* xr = x + row * d;
+    T* yr = y + row * d;
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+    {
+        const float v = to_float(xr[j]);
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float inv = 1.f / fmaxf(sqrtf(ss), kNormEps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        yr[j] = from_float<T>(to_float(xr[j]) * inv);
+}
+
+// A[i, :] = max(0, M[i, :] - mean(M[i, :])), one block per row i.
+__global__ void center_clip_rows(float* __restrict__ sim, int n)
+{
+    __shared__ float scratch[32];
+    float* row = sim + static_cast<size_t>(blockIdx.x) * n;
+    float s = 0.f;
+    for (int k = threadIdx.x; k < n; k += blockDim.x)
+        s += row[k];
+    const float mean = block_sum(s, scratch) / static_cast<float>(n);
+    for (int k = threadIdx.x; k < n; k += blockDim.x)
+        row[k] = fmaxf(0.f, row[k] - mean);
+}
+
+// Block-wide stable compaction: returns, for a thread whose flag is set, its rank among the
+// flagged threads of this chunk (in thread order), and via *total the chunk's flagged count.
+__device__ int block_rank(bool flag, int* warp_counts /* [33] shared */, int* total)
+{
+    const unsigned ballot = __ballot_sync(kFullMask, flag);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        warp_counts[warp] = __popc(ballot);
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        const int warps = (blockDim.x + 31) >> 5;
+        int run = 0;
+        for (int w = 0; w < warps; ++w)
+        {
+            const int c = warp_counts[w];
+            warp_counts[w] = run;
+            run += c;
+        }
+        warp_counts[32] = run;
+    }
+    __syncthreads();
+    const int rank = warp_counts[warp] + __popc(ballot & ((1u << lane) - 1u));
+    *total = warp_counts[32];
+    __syncthreads(); // warp_counts is reused by the next chunk
+    return rank;
+}
+
+struct GreedyScratch
+{
+    float* weights;   // [B, n]
+    float* cover;     // [B, n]
+    double* gain;     // [B, n]
+    int* positive;    // [B, n]
+    int* changed_row; // [B, n]
+    float* changed_old;
+    float* changed_new;
+    unsigned char* selected; // [B, n]
+};
+
+// One block per problem. blockDim.x must be a multiple of 32 (the ballots cover whole warps).
+__global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
+    float const* __restrict__ relevance_all, float tau_host, float const* __restrict__ tau_device, int n, int m,
+    GreedyScratch s, int64_t* __restrict__ keep_all)
+{
+    __shared__ float f_lo[32], f_hi[32];
+    __shared__ double best_gain[32];
+    __shared__ int best_index[32];
+    __shared__ int warp_counts[33];
+    __shared__ int s_pick;
+
+    const size_t b = blockIdx.x;
+    float const* A = sim_all + b * n * static_cast<size_t>(n);
+    float* w = s.weights + b * n;
+    float* c = s.cover + b * n;
+    double* gain = s.gain + b * n;
+    int* positive = s.positive + b * n;
+    int* chg_row = s.changed_row + b * n;
+    float* chg_old = s.changed_old + b * n;
+    float* chg_new = s.changed_new + b * n;
+    unsigned char* sel = s.selected + b * n;
+    int64_t* keep = keep_all + b * m;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int lane = tid & 31, warp = tid >> 5;
+
+    // Demand weights w = exp(tau * minmax(r)); absent or constant r -> uniform (no 0/0).
+    const float tau = tau_device != nullptr ? *tau_device : tau_host;
+    if (relevance_all != nullptr)
+    {
+        float const* r = relevance_all + b * n;
+        float lo = FLT_MAX, hi = -FLT_MAX;
+        for (int i = tid; i < n; i += nthreads)
+        {
+            lo = fminf(lo, r[i]);
+            hi = fmaxf(hi, r[i]);
+        }
+        block_min_max(lo, hi, f_lo, f_hi);
+        const float range = hi - lo;
+        for (int i = tid; i < n; i += nthreads)
+            w[i] = range > 0.f ? expf(tau * ((r[i] - lo) / range)) : 1.f;
+    }
+    else
+    {
+        for (int i = tid; i < n; i += nthreads)
+            w[i] = 1.f;
+    }
+    for (int i = tid; i < n; i += nthreads)
+    {
+        c[i] = 0.f;
+        sel[i] = 0;
+    }
+    __syncthreads();
+
+    // gain_k = sum_i w_i A_ik while c = 0 (A >= 0); threads walk columns so reads coalesce.
+    for (int k = tid; k < n; k += nthreads)
+    {
+        double g = 0.0;
+        int count = 0;
+        for (int i = 0; i < n; ++i)
+        {
+            const float a = A[static_cast<size_t>(i) * n + k];
+            g += static_cast<double>(w[i]) * a;
+            count += a > 0.f;
+        }
+        gain[k] = g;
+        positive[k] = count;
+    }
+    __syncthreads();
+
+    for (int step = 0; step < m; ++step)
+    {
+        // k* = argmax over unselected gains, ties -> lowest index.
+        double bg = -DBL_MAX;
+        int bi = INT_MAX;
+        for (int k = tid; k < n; k += nthreads)
+        {
+            if (!sel[k] && (gain[k] > bg)) // increasing k per thread: '>' keeps the lowest index
+            {
+                bg = gain[k];
+                bi = k;
+            }
+        }
+        for (int off = 16; off > 0; off >>= 1)
+        {
+            const double og = __shfl_down_sync(kFullMask, bg, off);
+            const int oi = __shfl_down_sync(kFullMask, bi, off);
+            if (og > bg || (og == bg && oi < bi))
+            {
+                bg = og;
+                bi = oi;
+            }
+        }
+        if (lane == 0)
+        {
+            best_gain[warp] = bg;
+            best_index[warp] = bi;
+        }
+        __syncthreads();
+        if (tid == 0)
+        {
+            const int warps = (nthreads + 31) >> 5;
+            double g = best_gain[0];
+            int idx = best_index[0];
+            for (int v = 1; v < warps; ++v)
+                if (best_gain[v] > g || (best_gain[v] == g && best_index[v] < idx))
+                {
+                    g = best_gain[v];
+                    idx = best_index[v];
+                }
+            s_pick = idx;
+            sel[idx] = 1;
+        }
+        __syncthreads();
+        const int pick = s_pick;
+
+        // Rows whose cover rises (A_i,k* > c_i), listed in row order so every gain update below
+        // sums in the same order on every run (deterministic results).
+        int n_changed = 0;
+        for (int start = 0; start < n; start += nthreads)
+        {
+            const int i = start + tid;
+            float a = 0.f, old = 0.f;
+            bool rises = false;
+            if (i < n)
+            {
+                a = A[static_cast<size_t>(i) * n + pick];
+                old = c[i];
+                rises = a > old;
+            }
+            int chunk_total = 0;
+            const int rank = block_rank(rises, warp_counts, &chunk_total);
+            if (rises)
+            {
+                chg_row[n_changed + rank] = i;
+                chg_old[n_changed + rank] = old;
+                chg_new[n_changed + rank] = a;
+            }
+            n_changed += chunk_total;
+        }
+        __syncthreads();
+
+        // Only the changed rows alter any gain: subtract w_i (max(0,A_ik-c_old) - max(0,A_ik-c_new)).
+        for (int k = tid; k < n; k += nthreads)
+        {
+            if (sel[k])
+                continue;
+            double delta = 0.0;
+            int lost = 0;
+            for (int j = 0; j < n_changed; ++j)
+            {
+                const float a = A[static_cast<size_t>(chg_row[j]) * n + k];
+                const float drop = fmaxf(0.f, a - chg_old[j]) - fmaxf(0.f, a - chg_new[j]);
+                delta += static_cast<double>(w[chg_row[j]]) * drop;
+                lost += (a > chg_old[j]) && !(a > chg_new[j]);
+            }
+            positive[k] -= lost;
+            // No row left with A_ik > c_i: the exact gain is 0, whatever float residue says.
+            gain[k] = positive[k] > 0 ? gain[k] - delta : 0.0;
+        }
+        for (int j = tid; j < n_changed; j += nthreads)
+            c[chg_row[j]] = chg_new[j];
+        __syncthreads();
+    }
+
+    // Selected indices in ascending order: a stable compaction of the flags.
+    int written = 0;
+    for (int start = 0; start < n; start += nthreads)
+    {
+        const int i = start + tid;
+        const bool picked = i < n && sel[i];
+        int chunk_total = 0;
+        const int rank = block_rank(picked, warp_counts, &chunk_total);
+        if (picked)
+            keep[written + rank] = i;
+        written += chunk_total;
+    }
+}
+
+// budget >= n keeps every token: keep[b, i] = i.
+__global__ void iota_rows(int64_t* keep, int n, size_t total)
+{
+    const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx < total)
+        keep[idx] = static_cast<int64_t>(idx % n);
+}
+
+cublasHandle_t thread_handle(std::string* error)
+{
+    // One handle per host thread: cuBLAS handles must not be shared by concurrent threads.
+    thread_local cublasHandle_t handle = nullptr;
+    if (handle == nullptr)
+    {
+        const cublasStatus_t st = cublasCreate(&handle);
+        if (st != CUBLAS_STATUS_SUCCESS)
+        {
+            *error = std::string("cublasCreate failed: ") + cublasGetStatusString(st);
+            handle = nullptr;
+        }
+    }
+    return handle;
+}
+
+} // namespace
+
+extern "C" size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, int dtype)
+{
+    cp_workspace_layout layout;
+    return cp_workspace_layout_for(batch, n, d, dtype, &layout) == 0 ? layout.total : 0;
+}
+
+extern "C" const char* cp_status_string(int status)
+{
+    switch (status)
+    {
+    case CP_OK: return "CP_OK";
+    case CP_ERR_INVALID_ARGUMENT: return "CP_ERR_INVALID_ARGUMENT";
+    case CP_ERR_WORKSPACE_TOO_SMALL: return "CP_ERR_WORKSPACE_TOO_SMALL";
+    case CP_ERR_CUDA: return "CP_ERR_CUDA";
+    case CP_ERR_CUBLAS: return "CP_ERR_CUBLAS";
+    default: return "CP_UNKNOWN_STATUS";
+    }
+}
+
+extern "C" const char* cp_last_error(void) { return g_last_error.c_str(); }
+
+extern "C" int cp_abi_version(void) { return CP_ABI_VERSION; }
+
+extern "C" int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
+    int64_t d, int64_t budget, float tau, const float* tau_device, int64_t* keep, void* workspace,
+    size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
+{
+    g_last_error.clear();
+    if (batch < 0 || n < 0 || d < 0 || budget < 0)
+        return fail(CP_ERR_INVALID_ARGUMENT, "batch, n, d and budget must be >= 0 (got batch=" + std::to_string(batch)
+                + ", n=" + std::to_string(n) + ", d=" + std::to_string(d) + ", budget=" + std::to_string(budget) + ")");
+    if (dtype != CP_DTYPE_FLOAT32 && dtype != CP_DTYPE_FLOAT16)
+        return fail(CP_ERR_INVALID_ARGUMENT, "dtype must be CP_DTYPE_FLOAT32 (0) or CP_DTYPE_FLOAT16 (1), got "
+                + std::to_string(dtype));
+    if (n > INT_MAX / 2 || d > INT_MAX / 2)
+        return fail(CP_ERR_INVALID_ARGUMENT, "n and d must fit cuBLAS int dimensions");
+    const int64_t m = budget < n ? budget : n;
+    if (batch == 0 || m == 0)
+        return CP_OK;
+    if (keep == nullptr || features == nullptr)
+        return fail(CP_ERR_INVALID_ARGUMENT, "features and keep must be non-NULL device pointers");
+    cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+
+    if (m == n)
+    {
+        const size_t total = static_cast<size_t>(batch) * n;
+        iota_rows<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(keep, static_cast<int>(n), total);
+        const cudaError_t err = cudaGetLastError();
+        return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("iota_rows: ") + cudaGetErrorString(err));
+    }
+
+    cp_workspace_layout layout;
+    if (cp_workspace_layout_for(batch, n, d, dtype, &layout) != 0)
+        return fail(CP_ERR_INVALID_ARGUMENT, "workspace size overflows for this shape");
+    if (workspace == nullptr || workspace_bytes < layout.total)
+        return fail(CP_ERR_WORKSPACE_TOO_SMALL, "workspace needs " + std::to_string(layout.total) + " bytes, got "
+                + std::to_string(workspace_bytes));
+    if (batch > INT_MAX)
+        return fail(CP_ERR_INVALID_ARGUMENT, "batch must fit a grid dimension");
+
+    char* ws = static_cast<char*>(workspace);
+    void* normalized = ws + layout.normalized;
+    float* sim = reinterpret_cast<float*>(ws + layout.similarity);
+    const unsigned rows = static_cast<unsigned>(batch * n);
+
+    if (dtype == CP_DTYPE_FLOAT16)
+        normalize_rows<__half><<<rows, kRowThreads, 0, stream>>>(
+            static_cast<__half const*>(features), static_cast<__half*>(normalized), static_cast<int>(d));
+    else
+        normalize_rows<float><<<rows, kRowThreads, 0, stream>>>(
+            static_cast<float const*>(features), static_cast<float*>(normalized), static_cast<int>(d));
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string("normalize_rows: ") + cudaGetErrorString(err));
+
+    std::string handle_error;
+    cublasHandle_t handle = cublas_ptr != nullptr ? static_cast<cublasHandle_t>(cublas_ptr) : thread_handle(&handle_error);
+    if (handle == nullptr)
+        return fail(CP_ERR_CUBLAS, handle_error);
+    cublasStatus_t st = cublasSetStream(handle, stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return fail(CP_ERR_CUBLAS, std::string("cublasSetStream: ") + cublasGetStatusString(st));
+    // Row-major Vn [n, d] is column-major X [d, n]; M = X^T X is symmetric, so the column-major
+    // result is also the row-major M. Float32 accumulation for both input types.
+    const float alpha = 1.f, beta = 0.f;
+    const cudaDataType in_type = dtype == CP_DTYPE_FLOAT16 ? CUDA_R_16F : CUDA_R_32F;
+    const int ni = static_cast<int>(n), di = static_cast<int>(d);
+    st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, ni, ni, di, &alpha, normalized, in_type, di,
+        static_cast<long long>(n) * d, normalized, in_type, di, static_cast<long long>(n) * d, &beta, sim, CUDA_R_32F,
+        ni, static_cast<long long>(n) * n, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return fail(CP_ERR_CUBLAS, std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(st));
+
+    center_clip_rows<<<rows, kRowThreads, 0, stream>>>(sim, ni);
+    err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string("center_clip_rows: ") + cudaGetErrorString(err));
+
+    GreedyScratch scratch;
+    scratch.weights = reinterpret_cast<float*>(ws + layout.weights);
+    scratch.cover = reinterpret_cast<float*>(ws + layout.cover);
+    scratch.gain = reinterpret_cast<double*>(ws + layout.gain);
+    scratch.positive = reinterpret_cast<int*>(ws + layout.positive);
+    scratch.changed_row = reinterpret_cast<int*>(ws + layout.changed_row);
+    scratch.changed_old = reinterpret_cast<float*>(ws + layout.changed_old);
+    scratch.changed_new = reinterpret_cast<float*>(ws + layout.changed_new);
+    scratch.selected = reinterpret_cast<unsigned char*>(ws + layout.selected);
+    // Fewer threads for small n: idle warps would only add barrier cost. Multiple of 32.
+    int threads = static_cast<int>(((n + 31) / 32) * 32);
+    threads = threads > kGreedyThreads ? kGreedyThreads : threads;
+    greedy_select<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
+        sim, relevance, tau, tau_device, ni, static_cast<int>(m), scratch, keep);
+    err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string("greedy_select: ") + cudaGetErrorString(err));
+    return CP_OK;
+}
