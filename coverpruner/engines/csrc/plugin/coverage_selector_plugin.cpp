@@ -272,7 +272,10 @@ private:
 } // namespace plugin
 } // namespace coverpruner
 
-extern "C" TENSORRTAPI nvinfer1::IPluginCreatorInterface* const* getCreators(int32_t& nbCreators)
+// TENSORRTAPI is empty outside TensorRT's own build, so the export is spelled out: the library
+// is built with hidden visibility and this must be the one symbol TensorRT can find.
+extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterface* const* getCreators(
+    int32_t& nbCreators)
 {
     static coverpruner::plugin::CoverageSelectorCreator creator;
     static nvinfer1::IPluginCreatorInterface* const creators[] = {&creator};
