@@ -1,0 +1,174 @@
+"""selector.onnx: the coverage selector as a standard-op ONNX graph (a Loop), portable to ONNX Runtime and to
+TensorRT's ONNX parser.
+
+Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int64 scalar, tau float32 scalar
+Output  keep [m] int64, ascending, m = min(budget, n)
+
+Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop has an explicit
+trip count and a condition that the body passes through, and there is no NonZero. Ties go to the lowest index
+without relying on ArgMax's tie order: among gains within TIE_RTOL * sum(w) of the best (the tie rule of
+coverpruner.selection), the maximum of `is_best * (n - index)` is unique. Everything runs in float32; the numpy
+reference runs in float64, so only gains that differ by about the tie tolerance can break differently.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from coverpruner.selection.coverage import NORM_EPS, TIE_RTOL
+
+FORMS = ("loop", "plugin")
+_FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+def _const(name: str, value, dtype=None) -> onnx.NodeProto:
+    arr = np.asarray(value, dtype=dtype)
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
+
+
+def _loop_body() -> onnx.GraphProto:
+    """One greedy step. Carried: c [n, 1] coverage, taken [1, n] bool. Scan output: the pick k [1] int64."""
+    n = helper.make_node
+    nodes = [
+        # uncovered gain of every candidate column: sum_i w_i * relu(A_ik - c_i)   -> gain [1, n]
+        n("Sub", ["A", "c_in"], ["excess"]),
+        n("Relu", ["excess"], ["uncovered"]),
+        n("Mul", ["uncovered", "w_col"], ["weighted"]),
+        n("ReduceSum", ["weighted", "axis0"], ["gain_raw"], keepdims=1),
+        n("Where", ["taken_in", "neg_inf", "gain_raw"], ["gain"]),
+        # lowest index among the maxima: unique max of is_best * (n - index)
+        n("ReduceMax", ["gain"], ["best"], keepdims=1),  # gain is [1, n]: reduce all, no axes (opset-agnostic)
+        n("Sub", ["best", "tie_atol"], ["threshold"]),
+        n("GreaterOrEqual", ["gain", "threshold"], ["is_best"]),
+        n("Cast", ["is_best"], ["is_best_f"], to=TensorProto.FLOAT),
+        n("Mul", ["is_best_f", "rank_row"], ["ranked"]),
+        n("ArgMax", ["ranked"], ["k_2d"], axis=1, keepdims=1, select_last_index=0),  # [1, 1]
+        n("Reshape", ["k_2d", "shape_1"], ["k"]),
+        # c <- max(c, A[:, k]); taken[k] <- true
+        n("Gather", ["A", "k"], ["a_col"], axis=1),  # [n, 1]
+        n("Max", ["c_in", "a_col"], ["c_out"]),
+        n("Equal", ["index_row", "k_2d"], ["is_k"]),
+        n("Or", ["taken_in", "is_k"], ["taken_out"]),
+        n("Identity", ["cond_in"], ["cond_out"]),
+        n("Identity", ["k"], ["k_out"]),
+    ]
+    return helper.make_graph(
+        nodes,
+        "greedy_step",
+        inputs=[
+            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["n", 1]),
+            helper.make_tensor_value_info("taken_in", TensorProto.BOOL, [1, "n"]),
+        ],
+        outputs=[
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["n", 1]),
+            helper.make_tensor_value_info("taken_out", TensorProto.BOOL, [1, "n"]),
+            helper.make_tensor_value_info("k_out", TensorProto.INT64, [1]),
+        ],
+    )
+
+
+def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
+    """The standard-op selector graph (see module docstring for the contract)."""
+    if float_dtype not in _FLOAT_TYPES:
+        raise ValueError(f"float_dtype must be one of {sorted(_FLOAT_TYPES)}, got {float_dtype!r}")
+    if opset < 17:
+        raise ValueError(f"opset must be >= 17, got {opset}")
+    n = helper.make_node
+    nodes = [
+        _const("eps", NORM_EPS, np.float32),
+        _const("zero_f", 0.0, np.float32),
+        _const("one_f", 1.0, np.float32),
+        _const("tie_rtol", TIE_RTOL, np.float32),
+        _const("neg_inf", -np.inf, np.float32),
+        _const("axis0", [0], np.int64),
+        _const("axis1", [1], np.int64),
+        _const("shape_1", [1], np.int64),
+        _const("shape_1_neg", [-1], np.int64),
+        _const("shape_row", [1, -1], np.int64),
+        _const("shape_col", [-1, 1], np.int64),
+        _const("zero_i", 0, np.int64),
+        _const("one_i", 1, np.int64),
+        _const("true", True, np.bool_),
+        # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
+        n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
+        n("Mul", ["v", "v"], ["v_sq"]),
+        n("ReduceSum", ["v_sq", "axis1"], ["sq_norm"], keepdims=1),
+        n("Sqrt", ["sq_norm"], ["norm_raw"]),
+        n("Max", ["norm_raw", "eps"], ["norm"]),
+        n("Div", ["v", "norm"], ["vn"]),
+        n("Transpose", ["vn"], ["vn_t"], perm=[1, 0]),
+        n("MatMul", ["vn", "vn_t"], ["M"]),
+        n("ReduceSum", ["M", "axis1"], ["row_sum"], keepdims=1),
+        n("Shape", ["v"], ["v_shape"]),
+        n("Gather", ["v_shape", "zero_i"], ["n_tokens"], axis=0),  # int64 scalar
+        n("Cast", ["n_tokens"], ["n_f"], to=TensorProto.FLOAT),
+        n("Div", ["row_sum", "n_f"], ["row_mean"]),
+        n("Sub", ["M", "row_mean"], ["centred"]),
+        n("Relu", ["centred"], ["A"]),
+        # demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]
+        n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
+        n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
+        n("Sub", ["r_max", "r_min"], ["span"]),
+        n("Greater", ["span", "zero_f"], ["has_span"]),
+        n("Where", ["has_span", "span", "one_f"], ["safe_span"]),
+        n("Sub", ["relevance", "r_min"], ["r_shift"]),
+        n("Div", ["r_shift", "safe_span"], ["r_scaled"]),
+        n("Where", ["has_span", "r_scaled", "zero_f"], ["r_unit"]),
+        n("Mul", ["r_unit", "tau"], ["logit"]),
+        n("Exp", ["logit"], ["w"]),
+        n("Reshape", ["w", "shape_col"], ["w_col"]),
+        n("ReduceSum", ["w"], ["w_total"], keepdims=0),
+        n("Mul", ["w_total", "tie_rtol"], ["tie_atol"]),
+        # loop state and constants the body reads from the outer scope
+        n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
+        n("Reshape", ["index", "shape_row"], ["index_row"]),  # [1, n] int64
+        n("Sub", ["n_tokens", "index"], ["rank"]),
+        n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),
+        n("Reshape", ["rank_f", "shape_row"], ["rank_row"]),  # n - index, so the lowest index ranks highest
+        n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
+        n("ConstantOfShape", ["n_1d"], ["c_flat"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
+        n("Reshape", ["c_flat", "shape_col"], ["c0"]),
+        n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
+        n("Min", ["budget", "n_tokens"], ["trip_count"]),
+        n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],
+          body=_loop_body()),
+        # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable
+        n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),
+        n("Cast", ["picks_flat"], ["picks_f"], to=TensorProto.FLOAT),
+        n("Reshape", ["trip_count", "shape_1"], ["k_1d"]),
+        n("TopK", ["picks_f", "k_1d"], ["sorted_f", "sorted_pos"], axis=0, largest=0, sorted=1),
+        n("Cast", ["sorted_f"], ["keep"], to=TensorProto.INT64),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "coverage_selector",
+        inputs=[
+            helper.make_tensor_value_info("image_features", _FLOAT_TYPES[float_dtype], ["n", "d"]),
+            helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("budget", TensorProto.INT64, []),
+            helper.make_tensor_value_info("tau", TensorProto.FLOAT, []),
+        ],
+        outputs=[helper.make_tensor_value_info("keep", TensorProto.INT64, ["m"])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="coverpruner")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
+    onnx.checker.check_model(model)
+    return model
+
+
+def build_selector_model(float_dtype: str = "float32", opset: int = 17, form: str = "loop") -> onnx.ModelProto:
+    """selector.onnx in the requested form: "loop" (standard ops, default) or "plugin" (one custom node that
+    TensorRT resolves to the CoverageSelector plugin)."""
+    if form == "loop":
+        return build_selector_loop_model(float_dtype, opset)
+    if form == "plugin":
+        from .selector_plugin import build_selector_plugin_model
+
+        return build_selector_plugin_model(float_dtype=float_dtype, opset=opset)
+    raise ValueError(f"selector form must be one of {FORMS}, got {form!r}")

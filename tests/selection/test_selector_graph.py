@@ -1,0 +1,76 @@
+"""selector.onnx (standard-op Loop form) on ONNX Runtime == coverpruner.selection."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from coverpruner.export.selector_graph import build_selector_model
+from coverpruner.selection import coverage_select
+
+from .conftest import make_case
+
+
+@pytest.fixture(scope="module", params=["float32", "float16"])
+def session(request):
+    model = build_selector_model(float_dtype=request.param)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return request.param, sess
+
+
+def run(sess, v, r, budget, tau):
+    feed = {"image_features": v, "relevance": np.asarray(r, np.float32),
+            "budget": np.array(budget, np.int64), "tau": np.array(tau, np.float32)}
+    return sess.run(["keep"], feed)[0]
+
+
+@pytest.mark.parametrize("kind", ["random", "clustered", "duplicated", "constant_relevance", "tau0", "tau1"])
+@pytest.mark.parametrize("seed", range(3))
+def test_graph_matches_selection(session, kind, seed):
+    dtype, sess = session
+    v, r, budget, tau = make_case(kind, seed)
+    v = v.astype(dtype)
+    keep = run(sess, v, r, budget, tau)
+    assert keep.dtype == np.int64
+    # the reference sees exactly the graph's inputs (fp16 values upcast, relevance as float32)
+    expected = coverage_select(v.astype(np.float32), np.asarray(r, np.float32), budget, tau)
+    np.testing.assert_array_equal(keep, expected)
+
+
+def test_graph_on_paper_shape_576_tokens(session):
+    dtype, sess = session
+    rng = np.random.default_rng(7)
+    v = rng.standard_normal((576, 256)).astype(dtype)
+    r = rng.random(576).astype(np.float32)
+    for budget in (32, 64, 128):
+        np.testing.assert_array_equal(run(sess, v, r, budget, 0.3),
+                                      coverage_select(v.astype(np.float32), r, budget, 0.3))
+
+
+def test_graph_ties_and_full_budget(session):
+    dtype, sess = session
+    same = np.ones((9, 4), dtype)
+    np.testing.assert_array_equal(run(sess, same, np.zeros(9), 4, 0.3), [0, 1, 2, 3])
+    v = np.random.default_rng(0).standard_normal((12, 5)).astype(dtype)
+    np.testing.assert_array_equal(run(sess, v, np.ones(12), 12, 0.3), np.arange(12))
+    np.testing.assert_array_equal(run(sess, v, np.ones(12), 99, 0.3), np.arange(12))
+
+
+def test_graph_is_valid_and_parser_friendly():
+    model = build_selector_model()
+    onnx.checker.check_model(model, full_check=True)
+    ops = {node.op_type for node in model.graph.node}
+    body = next(node for node in model.graph.node if node.op_type == "Loop").attribute[0].g
+    ops |= {node.op_type for node in body.node}
+    assert "NonZero" not in ops and "Loop" in ops
+    assert [i.name for i in model.graph.input] == ["image_features", "relevance", "budget", "tau"]
+    assert [o.name for o in model.graph.output] == ["keep"]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="float_dtype must be one of .* got 'bf16'"):
+        build_selector_model(float_dtype="bf16")
+    with pytest.raises(ValueError, match="selector form must be one of .* got 'kernel'"):
+        build_selector_model(form="kernel")
+    with pytest.raises(ValueError, match="opset must be >= 17, got 13"):
+        build_selector_model(opset=13)
