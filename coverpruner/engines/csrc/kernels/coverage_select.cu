@@ -22,6 +22,9 @@ namespace
 {
 
 constexpr float kNormEps = 1e-12f;
+// Gains within kTieRtol * sum(w) of the best count as tied and go to the lowest index: the tie rule of
+// coverpruner.selection (TIE_RTOL), so float32 A here and float64 A there agree on exact and near ties.
+constexpr double kTieRtol = 1e-6;
 constexpr int kRowThreads = 256;
 constexpr int kGreedyThreads = 1024;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -164,16 +167,66 @@ struct GreedyScratch
     unsigned char* selected; // [B, n]
 };
 
+// Block-wide max of a double; every thread gets it.
+__device__ double block_max(double v, double* scratch /* [32] shared */)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v = fmax(v, __shfl_down_sync(kFullMask, v, off));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        const int warps = (blockDim.x + 31) >> 5;
+        for (int w = 1; w < warps; ++w)
+            scratch[0] = fmax(scratch[0], scratch[w]);
+    }
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads();
+    return v;
+}
+
+// Block-wide min of an int; every thread gets it.
+__device__ int block_min_int(int v, int* scratch /* [33] shared */)
+{
+    for (int off = 16; off > 0; off >>= 1)
+        v = min(v, __shfl_down_sync(kFullMask, v, off));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0)
+    {
+        const int warps = (blockDim.x + 31) >> 5;
+        for (int w = 1; w < warps; ++w)
+            scratch[0] = min(scratch[0], scratch[w]);
+    }
+    __syncthreads();
+    v = scratch[0];
+    __syncthreads();
+    return v;
+}
+
+// m = min(budget, n) with the budget on the host (budget_device == nullptr) or on the device.
+__device__ __forceinline__ int keep_count(int64_t const* budget_device, int64_t budget_host, int n)
+{
+    const int64_t budget = budget_device != nullptr ? *budget_device : budget_host;
+    return budget <= 0 ? 0 : (budget < n ? static_cast<int>(budget) : n);
+}
+
 // One block per problem. blockDim.x must be a multiple of 32 (the ballots cover whole warps).
+// keep is [B, m] with m = min(budget, n): row b starts at b * m.
 __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
-    float const* __restrict__ relevance_all, float tau_host, float const* __restrict__ tau_device, int n, int m,
-    GreedyScratch s, int64_t* __restrict__ keep_all)
+    float const* __restrict__ relevance_all, float tau_host, float const* __restrict__ tau_device,
+    int64_t budget_host, int64_t const* __restrict__ budget_device, int n, GreedyScratch s,
+    int64_t* __restrict__ keep_all, int64_t* __restrict__ keep_length)
 {
     __shared__ float f_lo[32], f_hi[32];
-    __shared__ double best_gain[32];
-    __shared__ int best_index[32];
+    __shared__ double d_scratch[32];
+    __shared__ int i_scratch[33];
     __shared__ int warp_counts[33];
-    __shared__ int s_pick;
 
     const size_t b = blockIdx.x;
     float const* A = sim_all + b * n * static_cast<size_t>(n);
@@ -185,9 +238,17 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
     float* chg_old = s.changed_old + b * n;
     float* chg_new = s.changed_new + b * n;
     unsigned char* sel = s.selected + b * n;
-    int64_t* keep = keep_all + b * m;
     const int tid = threadIdx.x, nthreads = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5;
+    const int m = keep_count(budget_device, budget_host, n);
+    int64_t* keep = keep_all + b * m;
+    if (b == 0 && tid == 0 && keep_length != nullptr)
+        *keep_length = m;
+    if (m == n) // budget >= n keeps everything, in order
+    {
+        for (int i = tid; i < n; i += nthreads)
+            keep[i] = i;
+        return;
+    }
 
     // Demand weights w = exp(tau * minmax(r)); absent or constant r -> uniform (no 0/0).
     const float tau = tau_device != nullptr ? *tau_device : tau_host;
@@ -204,6 +265,7 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
         const float range = hi - lo;
         for (int i = tid; i < n; i += nthreads)
             w[i] = range > 0.f ? expf(tau * ((r[i] - lo) / range)) : 1.f;
+        __syncthreads();
     }
     else
     {
@@ -216,6 +278,11 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
         sel[i] = 0;
     }
     __syncthreads();
+
+    float w_part = 0.f;
+    for (int i = tid; i < n; i += nthreads)
+        w_part += w[i];
+    const double tie_atol = kTieRtol * static_cast<double>(block_sum(w_part, f_lo));
 
     // gain_k = sum_i w_i A_ik while c = 0 (A >= 0); threads walk columns so reads coalesce.
     for (int k = tid; k < n; k += nthreads)
@@ -235,49 +302,20 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
 
     for (int step = 0; step < m; ++step)
     {
-        // k* = argmax over unselected gains, ties -> lowest index.
+        // k* = lowest unselected index whose gain is within tie_atol of the best unselected gain.
         double bg = -DBL_MAX;
-        int bi = INT_MAX;
         for (int k = tid; k < n; k += nthreads)
-        {
-            if (!sel[k] && (gain[k] > bg)) // increasing k per thread: '>' keeps the lowest index
-            {
-                bg = gain[k];
+            if (!sel[k])
+                bg = fmax(bg, gain[k]);
+        const double threshold = block_max(bg, d_scratch) - tie_atol;
+        int bi = INT_MAX;
+        for (int k = tid; k < n && bi == INT_MAX; k += nthreads)
+            if (!sel[k] && gain[k] >= threshold)
                 bi = k;
-            }
-        }
-        for (int off = 16; off > 0; off >>= 1)
-        {
-            const double og = __shfl_down_sync(kFullMask, bg, off);
-            const int oi = __shfl_down_sync(kFullMask, bi, off);
-            if (og > bg || (og == bg && oi < bi))
-            {
-                bg = og;
-                bi = oi;
-            }
-        }
-        if (lane == 0)
-        {
-            best_gain[warp] = bg;
-            best_index[warp] = bi;
-        }
-        __syncthreads();
+        const int pick = block_min_int(bi, i_scratch);
         if (tid == 0)
-        {
-            const int warps = (nthreads + 31) >> 5;
-            double g = best_gain[0];
-            int idx = best_index[0];
-            for (int v = 1; v < warps; ++v)
-                if (best_gain[v] > g || (best_gain[v] == g && best_index[v] < idx))
-                {
-                    g = best_gain[v];
-                    idx = best_index[v];
-                }
-            s_pick = idx;
-            sel[idx] = 1;
-        }
+            sel[pick] = 1;
         __syncthreads();
-        const int pick = s_pick;
 
         // Rows whose cover rises (A_i,k* > c_i), listed in row order so every gain update below
         // sums in the same order on every run (deterministic results).
@@ -343,11 +381,13 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
 }
 
 // budget >= n keeps every token: keep[b, i] = i.
-__global__ void iota_rows(int64_t* keep, int n, size_t total)
+__global__ void iota_rows(int64_t* keep, int n, size_t total, int64_t* keep_length)
 {
     const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx < total)
         keep[idx] = static_cast<int64_t>(idx % n);
+    if (idx == 0 && keep_length != nullptr)
+        *keep_length = n;
 }
 
 cublasHandle_t thread_handle(std::string* error)
@@ -392,32 +432,45 @@ extern "C" const char* cp_last_error(void) { return g_last_error.c_str(); }
 extern "C" int cp_abi_version(void) { return CP_ABI_VERSION; }
 
 extern "C" int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
-    int64_t d, int64_t budget, float tau, const float* tau_device, int64_t* keep, void* workspace,
-    size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
+    int64_t d, int64_t budget, const int64_t* budget_device, float tau, const float* tau_device, int64_t* keep,
+    int64_t* keep_length_device, void* workspace, size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
 {
     g_last_error.clear();
-    if (batch < 0 || n < 0 || d < 0 || budget < 0)
+    if (batch < 0 || n < 0 || d < 0 || (budget_device == nullptr && budget < 0))
         return fail(CP_ERR_INVALID_ARGUMENT, "batch, n, d and budget must be >= 0 (got batch=" + std::to_string(batch)
                 + ", n=" + std::to_string(n) + ", d=" + std::to_string(d) + ", budget=" + std::to_string(budget) + ")");
     if (dtype != CP_DTYPE_FLOAT32 && dtype != CP_DTYPE_FLOAT16)
         return fail(CP_ERR_INVALID_ARGUMENT, "dtype must be CP_DTYPE_FLOAT32 (0) or CP_DTYPE_FLOAT16 (1), got "
                 + std::to_string(dtype));
-    if (n > INT_MAX / 2 || d > INT_MAX / 2)
-        return fail(CP_ERR_INVALID_ARGUMENT, "n and d must fit cuBLAS int dimensions");
-    const int64_t m = budget < n ? budget : n;
-    if (batch == 0 || m == 0)
-        return CP_OK;
+    if (n > INT_MAX / 2 || d > INT_MAX / 2 || batch > INT_MAX)
+        return fail(CP_ERR_INVALID_ARGUMENT, "batch, n and d must fit cuBLAS int dimensions");
+    cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+    cudaError_t err = cudaSuccess;
+
+    // A host budget that keeps nothing or everything needs no similarity at all.
+    if (budget_device == nullptr && (batch == 0 || n == 0 || budget == 0 || budget >= n))
+    {
+        const size_t total = budget >= n ? static_cast<size_t>(batch) * n : 0;
+        if (total > 0)
+        {
+            if (keep == nullptr)
+                return fail(CP_ERR_INVALID_ARGUMENT, "keep must be a non-NULL device pointer");
+            iota_rows<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
+                keep, static_cast<int>(n), total, keep_length_device);
+            err = cudaGetLastError();
+        }
+        else if (keep_length_device != nullptr)
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+        return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("trivial budget: ") + cudaGetErrorString(err));
+    }
+    if (batch == 0 || n == 0)
+    {
+        if (keep_length_device != nullptr)
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+        return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("empty input: ") + cudaGetErrorString(err));
+    }
     if (keep == nullptr || features == nullptr)
         return fail(CP_ERR_INVALID_ARGUMENT, "features and keep must be non-NULL device pointers");
-    cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
-
-    if (m == n)
-    {
-        const size_t total = static_cast<size_t>(batch) * n;
-        iota_rows<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(keep, static_cast<int>(n), total);
-        const cudaError_t err = cudaGetLastError();
-        return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("iota_rows: ") + cudaGetErrorString(err));
-    }
 
     cp_workspace_layout layout;
     if (cp_workspace_layout_for(batch, n, d, dtype, &layout) != 0)
@@ -425,8 +478,6 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     if (workspace == nullptr || workspace_bytes < layout.total)
         return fail(CP_ERR_WORKSPACE_TOO_SMALL, "workspace needs " + std::to_string(layout.total) + " bytes, got "
                 + std::to_string(workspace_bytes));
-    if (batch > INT_MAX)
-        return fail(CP_ERR_INVALID_ARGUMENT, "batch must fit a grid dimension");
 
     char* ws = static_cast<char*>(workspace);
     void* normalized = ws + layout.normalized;
@@ -439,7 +490,7 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     else
         normalize_rows<float><<<rows, kRowThreads, 0, stream>>>(
             static_cast<float const*>(features), static_cast<float*>(normalized), static_cast<int>(d));
-    cudaError_t err = cudaGetLastError();
+    err = cudaGetLastError();
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("normalize_rows: ") + cudaGetErrorString(err));
 
@@ -479,7 +530,7 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     int threads = static_cast<int>(((n + 31) / 32) * 32);
     threads = threads > kGreedyThreads ? kGreedyThreads : threads;
     greedy_select<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
-        sim, relevance, tau, tau_device, ni, static_cast<int>(m), scratch, keep);
+        sim, relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
     err = cudaGetLastError();
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("greedy_select: ") + cudaGetErrorString(err));

@@ -9,10 +9,12 @@
 #include "coverpruner/coverage_select.h"
 
 #include <NvInferRuntime.h>
+#include <NvInferVersion.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -25,10 +27,32 @@ namespace
 
 using namespace nvinfer1;
 
+// TensorRT >= 10.3 (and TensorRT-RTX) query the build capability as IPluginV3OneBuildV2; a plugin that
+// only implements V1 is then read past the end of its vtable. Older 10.x releases have only V1.
+#if NV_TENSORRT_MAJOR > 10 || (NV_TENSORRT_MAJOR == 10 && NV_TENSORRT_MINOR >= 3)
+using BuildCapability = IPluginV3OneBuildV2;
+#else
+using BuildCapability = IPluginV3OneBuild;
+#endif
+
+// TensorRT hands plugin libraries a logger finder through setLoggerFinder (exported below);
+// messages then appear in the application's TensorRT log. Without one they go to stderr.
+std::mutex g_logger_mutex;
+ILoggerFinder* g_logger_finder = nullptr;
+
 void log_error(std::string const& message)
 {
-    // Creators have no logger in the V3 API; stderr is where trtexec and ORT users look.
-    std::fprintf(stderr, "[CoverageSelector] %s\n", message.c_str());
+    std::string const text = std::string("[CoverageSelector] ") + message;
+    ILogger* logger = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(g_logger_mutex);
+        if (g_logger_finder != nullptr)
+            logger = g_logger_finder->findLogger();
+    }
+    if (logger != nullptr)
+        logger->log(ILogger::Severity::kERROR, text.c_str());
+    else
+        std::fprintf(stderr, "%s\n", text.c_str());
 }
 
 DType to_core(DataType t)
@@ -67,14 +91,14 @@ Shape to_core(Dims const& dims)
 
 class CoverageSelectorPlugin final : public IPluginV3,
                                      public IPluginV3OneCore,
-                                     public IPluginV3OneBuild,
+                                     public BuildCapability,
                                      public IPluginV3OneRuntime
 {
 public:
     explicit CoverageSelectorPlugin(SelectorConfig config)
         : mConfig(config)
     {
-        mSerialField = PluginField("budget", &mConfig.budget, PluginFieldType::kINT64, 1);
+        mSerialField = PluginField("opt_budget", &mConfig.opt_budget, PluginFieldType::kINT64, 1);
         mSerialFields.nbFields = 1;
         mSerialFields.fields = &mSerialField;
     }
@@ -85,7 +109,7 @@ public:
         switch (type)
         {
         case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-        case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+        case PluginCapabilityType::kBUILD: return static_cast<BuildCapability*>(this);
         case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
         default: return nullptr;
         }
@@ -107,8 +131,8 @@ public:
     {
         if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
             return -1;
-        std::string const error = check_input_shapes(to_core(in[0].desc.dims), to_core(in[1].desc.dims),
-            to_core(in[2].desc.dims));
+        std::string const error = check_input_shapes(to_core(in[kPosFeatures].desc.dims),
+            to_core(in[kPosRelevance].desc.dims), to_core(in[kPosBudget].desc.dims), to_core(in[kPosTau].desc.dims));
         if (!error.empty())
         {
             log_error(error);
@@ -124,7 +148,8 @@ public:
         if (nbOutputs != kNbOutputs || nbInputs != kNbInputs)
             return -1;
         (void) inputTypes;
-        outputTypes[0] = DataType::kINT64;
+        outputTypes[0] = DataType::kINT64; // keep
+        outputTypes[1] = DataType::kINT64; // keep_length (size tensors must be int64)
         return 0;
     }
 
@@ -141,14 +166,18 @@ public:
             log_error("image_features must be [n, d] or [B, n, d], got rank " + std::to_string(features.nbDims));
             return -1;
         }
-        // m = min(n, budget): the same rule as keep_length(), in TensorRT's shape algebra.
-        int32_t const n_axis = features.nbDims - 2;
-        IDimensionExpr const* m = exprBuilder.operation(
-            DimensionOperation::kMIN, *features.d[n_axis], *exprBuilder.constant(mConfig.budget));
+        // m = min(budget, n) is known only when the budget tensor is read on the device: keep's last
+        // axis is the size tensor output 1, bounded by n, planned for min(opt_budget, n)
+        // (keep_length_bounds in TensorRT's shape algebra).
+        IDimensionExpr const& n = *features.d[token_axis(features.nbDims)];
+        IDimensionExpr const* opt
+            = exprBuilder.operation(DimensionOperation::kMIN, n, *exprBuilder.constant(mConfig.opt_budget));
+        IDimensionExpr const* m = exprBuilder.declareSizeTensor(1, *opt, n);
         outputs[0].nbDims = features.nbDims - 1;
         if (features.nbDims == 3)
             outputs[0].d[0] = features.d[0];
         outputs[0].d[outputs[0].nbDims - 1] = m;
+        outputs[1].nbDims = 0; // size tensors are 0-D
         return 0;
     }
 
@@ -158,7 +187,7 @@ public:
         if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || pos < 0 || pos >= kNbInputs + kNbOutputs)
             return false;
         PluginTensorDesc const& desc = inOut[pos].desc;
-        DType const features_type = to_core(inOut[0].desc.type);
+        DType const features_type = to_core(inOut[kPosFeatures].desc.type);
         return supports_type(pos, to_core(desc.type), desc.format == TensorFormat::kLINEAR, features_type);
     }
 
@@ -172,7 +201,7 @@ public:
         if (nbInputs != kNbInputs)
             return 0;
         // The profile's largest features shape bounds every shape this engine will run.
-        return workspace_bytes(to_core(inputs[0].max), to_core(inputs[0].desc.type));
+        return workspace_bytes(to_core(inputs[kPosFeatures].max), to_core(inputs[kPosFeatures].desc.type));
     }
 
     // IPluginV3OneRuntime
@@ -181,7 +210,9 @@ public:
     {
         if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
             return -1;
-        std::string const error = check_input_shapes(to_core(in[0].dims), to_core(in[1].dims), to_core(in[2].dims));
+        std::string const error = check_input_shapes(
+            to_core(in[kPosFeatures].dims), to_core(in[kPosRelevance].dims), to_core(in[kPosBudget].dims),
+            to_core(in[kPosTau].dims));
         if (!error.empty())
         {
             log_error(error);
@@ -195,17 +226,19 @@ public:
         void* const* outputs, void* workspace, cudaStream_t stream) noexcept override
     {
         (void) outputDesc;
-        Shape const features = to_core(inputDesc[0].dims);
+        Shape const features = to_core(inputDesc[kPosFeatures].dims);
         int64_t batch = 0, n = 0, d = 0;
         if (!problem_dims(features, &batch, &n, &d))
             return -1;
-        DType const type = to_core(inputDesc[0].type);
+        DType const type = to_core(inputDesc[kPosFeatures].type);
         int const dtype = type == DType::kFloat16 ? CP_DTYPE_FLOAT16 : CP_DTYPE_FLOAT32;
         size_t const bytes = workspace_bytes(features, type);
-        // tau is read on the device (input 2), so no host sync; the host value is unused.
-        int const status = cp_coverage_select(inputs[0], dtype, static_cast<float const*>(inputs[1]), batch, n, d,
-            mConfig.budget, 0.f, static_cast<float const*>(inputs[2]), static_cast<int64_t*>(outputs[0]), workspace,
-            bytes, stream, nullptr);
+        // budget and tau are read on the device, so the enqueue never waits on a host copy; the host
+        // values passed here are unused. The null cuBLAS handle selects the per-thread handle.
+        int const status = cp_coverage_select(inputs[kPosFeatures], dtype,
+            static_cast<float const*>(inputs[kPosRelevance]), batch, n, d, 0,
+            static_cast<int64_t const*>(inputs[kPosBudget]), 0.f, static_cast<float const*>(inputs[kPosTau]),
+            static_cast<int64_t*>(outputs[0]), static_cast<int64_t*>(outputs[1]), workspace, bytes, stream, nullptr);
         if (status != CP_OK)
         {
             log_error(std::string(cp_status_string(status)) + ": " + cp_last_error());
@@ -233,7 +266,7 @@ class CoverageSelectorCreator final : public IPluginCreatorV3One
 public:
     CoverageSelectorCreator()
     {
-        mFieldNames.emplace_back("budget", nullptr, PluginFieldType::kINT64, 1);
+        mFieldNames.emplace_back("opt_budget", nullptr, PluginFieldType::kINT64, 1);
         mFields.nbFields = static_cast<int32_t>(mFieldNames.size());
         mFields.fields = mFieldNames.data();
     }
@@ -281,4 +314,12 @@ extern "C" __attribute__((visibility("default"))) nvinfer1::IPluginCreatorInterf
     static nvinfer1::IPluginCreatorInterface* const creators[] = {&creator};
     nbCreators = 1;
     return creators;
+}
+
+// Called by IPluginRegistry::loadLibrary before getCreators (TensorRT requires both symbols).
+extern "C" __attribute__((visibility("default"))) void setLoggerFinder(nvinfer1::ILoggerFinder* finder)
+{
+    std::lock_guard<std::mutex> lock(coverpruner::plugin::g_logger_mutex);
+    if (coverpruner::plugin::g_logger_finder == nullptr)
+        coverpruner::plugin::g_logger_finder = finder;
 }

@@ -43,60 +43,58 @@ bool known_and_differ(int64_t a, int64_t b)
     return a >= 0 && b >= 0 && a != b;
 }
 
+bool is_scalar(Shape const& s)
+{
+    return s.rank == 0 || (s.rank == 1 && (s.dims[0] == 1 || s.dims[0] < 0));
+}
+
 } // namespace
 
 ParseResult parse_fields(FieldView const* fields, int32_t nb_fields)
 {
     ParseResult result;
-    bool have_budget = false;
     for (int32_t f = 0; f < nb_fields; ++f)
     {
         FieldView const& field = fields[f];
         std::string const name = field.name != nullptr ? field.name : "";
-        if (name != "budget")
+        if (name != "opt_budget")
         {
-            result.error = std::string(kPluginName) + ": unknown field '" + name + "' (expected only 'budget')";
+            result.error = std::string(kPluginName) + ": unknown field '" + name + "' (expected only 'opt_budget')";
             return result;
         }
         if (field.kind != FieldKind::kInt32 && field.kind != FieldKind::kInt64)
         {
-            result.error = std::string(kPluginName) + ": field 'budget' must be int32 or int64, got "
+            result.error = std::string(kPluginName) + ": field 'opt_budget' must be int32 or int64, got "
                 + kind_name(field.kind);
             return result;
         }
         if (field.length != 1 || field.data == nullptr)
         {
-            result.error = std::string(kPluginName) + ": field 'budget' must hold exactly 1 value, got "
+            result.error = std::string(kPluginName) + ": field 'opt_budget' must hold exactly 1 value, got "
                 + std::to_string(field.length);
             return result;
         }
-        int64_t budget = 0;
+        int64_t value = 0;
         if (field.kind == FieldKind::kInt32)
         {
             int32_t v = 0;
             std::memcpy(&v, field.data, sizeof(v));
-            budget = v;
+            value = v;
         }
         else
-            std::memcpy(&budget, field.data, sizeof(budget));
-        if (budget < 0)
+            std::memcpy(&value, field.data, sizeof(value));
+        if (value < 1)
         {
-            result.error = std::string(kPluginName) + ": field 'budget' must be >= 0, got " + std::to_string(budget);
+            result.error = std::string(kPluginName) + ": field 'opt_budget' must be >= 1, got " + std::to_string(value);
             return result;
         }
-        result.config.budget = budget;
-        have_budget = true;
-    }
-    if (!have_budget)
-    {
-        result.error = std::string(kPluginName) + ": required field 'budget' is missing";
-        return result;
+        result.config.opt_budget = value;
     }
     result.ok = true;
     return result;
 }
 
-std::string check_input_shapes(Shape const& features, Shape const& relevance, Shape const& tau)
+std::string check_input_shapes(Shape const& features, Shape const& relevance, Shape const& budget, Shape const& tau)
 {
     if (features.rank != 2 && features.rank != 3)
         return "image_features must be [n, d] or [B, n, d], got rank " + std::to_string(features.rank) + " "
@@ -108,8 +106,9 @@ std::string check_input_shapes(Shape const& features, Shape const& relevance, Sh
         if (known_and_differ(relevance.dims[i], features.dims[i]))
             return "relevance " + shape_str(relevance) + " does not match image_features " + shape_str(features)
                 + " on axis " + std::to_string(i);
-    const bool scalar = tau.rank == 0 || (tau.rank == 1 && (tau.dims[0] == 1 || tau.dims[0] < 0));
-    if (!scalar)
+    if (!is_scalar(budget))
+        return "budget must be a scalar ([] or [1]), got " + shape_str(budget);
+    if (!is_scalar(tau))
         return "tau must be a scalar ([] or [1]), got " + shape_str(tau);
     return "";
 }
@@ -118,23 +117,31 @@ int64_t keep_length(int64_t n, int64_t budget)
 {
     if (n < 0)
         return -1;
+    if (budget < 0)
+        return 0;
     return budget < n ? budget : n;
 }
 
-Shape output_shape(Shape const& features, int64_t budget)
+void keep_length_bounds(int64_t n, int64_t opt_budget, int64_t* opt, int64_t* upper)
+{
+    *opt = n < 0 ? -1 : (opt_budget < n ? opt_budget : n);
+    *upper = n;
+}
+
+int32_t token_axis(int32_t features_rank)
+{
+    return features_rank == 2 ? 0 : (features_rank == 3 ? 1 : -1);
+}
+
+Shape keep_upper_shape(Shape const& features)
 {
     Shape out;
-    if (features.rank == 2)
-    {
-        out.rank = 1;
-        out.dims[0] = keep_length(features.dims[0], budget);
-    }
-    else if (features.rank == 3)
-    {
-        out.rank = 2;
-        out.dims[0] = features.dims[0];
-        out.dims[1] = keep_length(features.dims[1], budget);
-    }
+    const int32_t axis = token_axis(features.rank);
+    if (axis < 0)
+        return out;
+    out.rank = features.rank - 1;
+    for (int32_t i = 0; i < out.rank; ++i)
+        out.dims[i] = features.dims[i];
     return out;
 }
 
@@ -144,17 +151,20 @@ bool supports_type(int32_t pos, DType type, bool linear, DType features_type)
         return false;
     switch (pos)
     {
-    case 0: return type == DType::kFloat32 || type == DType::kFloat16;
-    case 1: return type == DType::kFloat32;
-    case 2: return type == DType::kFloat32;
-    case 3: return type == DType::kInt64 && (features_type == DType::kFloat32 || features_type == DType::kFloat16);
+    case kPosFeatures: return type == DType::kFloat32 || type == DType::kFloat16;
+    case kPosRelevance: return type == DType::kFloat32;
+    case kPosBudget: return type == DType::kInt64;
+    case kPosTau: return type == DType::kFloat32;
+    case kPosKeep:
+    case kPosKeepLength:
+        return type == DType::kInt64 && (features_type == DType::kFloat32 || features_type == DType::kFloat16);
     default: return false;
     }
 }
 
-DType output_type()
+DType output_type(int32_t output_index)
 {
-    return DType::kInt64;
+    return output_index == 0 || output_index == 1 ? DType::kInt64 : DType::kOther;
 }
 
 bool problem_dims(Shape const& features, int64_t* batch, int64_t* n, int64_t* d)

@@ -2,12 +2,16 @@
 // and type rules, workspace size. No TensorRT or CUDA headers, so g++ unit tests run anywhere;
 // coverage_selector_plugin.cpp only translates TensorRT's types into these and back.
 //
-// Node contract (selector graph, plugin form):
+// Node contract (selector graph, plugin form; tensor names are those of docs/engine-dir.md):
 //   inputs   image_features  float32|float16 [n, d] or [B, n, d]
 //            relevance       float32         [n]    or [B, n]
-//            tau             float32 scalar  [] or [1]
-//   output   keep            int64           [m]    or [B, m], m = min(budget, n), sorted ascending
-//   field    budget          int32 or int64 scalar, >= 0 (an attribute: it fixes the output shape)
+//            budget          int64 scalar    [] or [1]     read on the device
+//            tau             float32 scalar  [] or [1]     read on the device
+//   outputs  keep            int64           [m]    or [B, m], m = min(budget, n), sorted ascending
+//            keep_length     int64 scalar    []            m; TensorRT's size tensor for keep's last axis
+//   field    opt_budget      optional int32|int64 >= 1 (default 64): the m TensorRT plans memory and
+//                            tactics for (declareSizeTensor's opt value); the upper bound is n
+// The budget is a runtime tensor, so one engine serves every budget; keep's length is data-dependent.
 #pragma once
 
 #include <cstddef>
@@ -26,8 +30,16 @@ constexpr char kPluginName[] = "CoverageSelector";
 constexpr char kPluginVersion[] = "1";
 constexpr char kPluginNamespace[] = "";
 constexpr char kOnnxDomain[] = "trt.plugins";
-constexpr int kNbInputs = 3;
-constexpr int kNbOutputs = 1;
+constexpr int kNbInputs = 4;
+constexpr int kNbOutputs = 2;
+constexpr int64_t kDefaultOptBudget = 64;
+// I/O positions as TensorRT numbers them (inputs first, then outputs).
+constexpr int kPosFeatures = 0;
+constexpr int kPosRelevance = 1;
+constexpr int kPosBudget = 2;
+constexpr int kPosTau = 3;
+constexpr int kPosKeep = 4;
+constexpr int kPosKeepLength = 5;
 constexpr int kMaxRank = 8;
 
 enum class FieldKind
@@ -51,7 +63,7 @@ struct FieldView
 
 struct SelectorConfig
 {
-    int64_t budget = -1;
+    int64_t opt_budget = kDefaultOptBudget;
 };
 
 struct ParseResult
@@ -61,7 +73,7 @@ struct ParseResult
     SelectorConfig config;
 };
 
-// Reads the plugin fields: exactly one "budget" (int32 or int64, length 1, >= 0); unknown fields
+// Reads the plugin fields: optional "opt_budget" (int32 or int64, length 1, >= 1); unknown fields
 // are errors so a misspelt attribute never falls back to a default silently.
 ParseResult parse_fields(FieldView const* fields, int32_t nb_fields);
 
@@ -81,22 +93,29 @@ struct Shape
     int64_t dims[kMaxRank] = {};
 };
 
-// "" when the three input shapes fit the node contract, else a message naming the input.
+// "" when the four input shapes fit the node contract, else a message naming the input.
 // Unknown (-1) dimensions are accepted; equal-length checks run only where both are known.
-std::string check_input_shapes(Shape const& features, Shape const& relevance, Shape const& tau);
+std::string check_input_shapes(Shape const& features, Shape const& relevance, Shape const& budget, Shape const& tau);
 
-// m = min(budget, n); -1 when n is unknown.
+// m = min(budget, n), 0 for a negative budget (what the kernel does); -1 when n is unknown.
 int64_t keep_length(int64_t n, int64_t budget);
 
-// keep's shape from the features' shape: [n, d] -> [m], [B, n, d] -> [B, m].
-Shape output_shape(Shape const& features, int64_t budget);
+// The size-tensor bounds of m for a features axis of n tokens: opt = min(opt_budget, n), upper = n.
+// -1 for both when n is unknown (TensorRT then works with its symbolic expressions).
+void keep_length_bounds(int64_t n, int64_t opt_budget, int64_t* opt, int64_t* upper);
 
-// supportsFormatCombination's type rule for I/O position pos (0..2 inputs, 3 output); `linear`
-// is whether the format is the plain row-major one. features_type is the type chosen at pos 0.
+// keep's largest shape from the features' shape: [n, d] -> [n], [B, n, d] -> [B, n].
+Shape keep_upper_shape(Shape const& features);
+
+// Axis of features that holds n (0 for [n, d], 1 for [B, n, d]); -1 for other ranks.
+int32_t token_axis(int32_t features_rank);
+
+// supportsFormatCombination's type rule for I/O position pos (kPos*); `linear` is whether the
+// format is the plain row-major one. features_type is the type chosen at kPosFeatures.
 bool supports_type(int32_t pos, DType type, bool linear, DType features_type);
 
-// Output type for a features input type.
-DType output_type();
+// Output types: both int64.
+DType output_type(int32_t output_index);
 
 // Bytes of workspace for the largest shape the engine allows (the C API's layout); 0 if the
 // shape is not a valid features shape or the dtype is not float32/float16.

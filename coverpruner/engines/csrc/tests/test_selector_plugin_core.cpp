@@ -45,67 +45,79 @@ size_t up(size_t x)
 
 void test_parse_fields()
 {
-    int32_t b32 = 64;
-    FieldView ok32{"budget", &b32, FieldKind::kInt32, 1};
-    ParseResult r = parse_fields(&ok32, 1);
-    CHECK(r.ok && r.config.budget == 64 && r.error.empty());
+    ParseResult r = parse_fields(nullptr, 0);
+    CHECK(r.ok && r.config.opt_budget == kDefaultOptBudget && r.error.empty());
+
+    int32_t b32 = 32;
+    FieldView ok32{"opt_budget", &b32, FieldKind::kInt32, 1};
+    r = parse_fields(&ok32, 1);
+    CHECK(r.ok && r.config.opt_budget == 32);
 
     int64_t b64 = 128;
-    FieldView ok64{"budget", &b64, FieldKind::kInt64, 1};
+    FieldView ok64{"opt_budget", &b64, FieldKind::kInt64, 1};
     r = parse_fields(&ok64, 1);
-    CHECK(r.ok && r.config.budget == 128);
+    CHECK(r.ok && r.config.opt_budget == 128);
 
-    r = parse_fields(nullptr, 0);
-    CHECK(!r.ok && contains(r.error, "'budget' is missing"));
-
-    FieldView unknown{"budjet", &b64, FieldKind::kInt64, 1};
+    FieldView unknown{"budget", &b64, FieldKind::kInt64, 1};
     r = parse_fields(&unknown, 1);
-    CHECK(!r.ok && contains(r.error, "unknown field 'budjet'"));
+    CHECK(!r.ok && contains(r.error, "unknown field 'budget'") && contains(r.error, "CoverageSelector"));
 
     float f = 64.f;
-    FieldView wrong_type{"budget", &f, FieldKind::kFloat32, 1};
+    FieldView wrong_type{"opt_budget", &f, FieldKind::kFloat32, 1};
     r = parse_fields(&wrong_type, 1);
     CHECK(!r.ok && contains(r.error, "int32 or int64, got float32"));
 
     int64_t two[2] = {1, 2};
-    FieldView wrong_len{"budget", two, FieldKind::kInt64, 2};
+    FieldView wrong_len{"opt_budget", two, FieldKind::kInt64, 2};
     r = parse_fields(&wrong_len, 1);
     CHECK(!r.ok && contains(r.error, "exactly 1 value, got 2"));
 
-    int64_t neg = -3;
-    FieldView negative{"budget", &neg, FieldKind::kInt64, 1};
-    r = parse_fields(&negative, 1);
-    CHECK(!r.ok && contains(r.error, ">= 0, got -3"));
+    FieldView no_data{"opt_budget", nullptr, FieldKind::kInt64, 1};
+    r = parse_fields(&no_data, 1);
+    CHECK(!r.ok);
 
     int64_t zero = 0;
-    FieldView zero_budget{"budget", &zero, FieldKind::kInt64, 1};
+    FieldView zero_budget{"opt_budget", &zero, FieldKind::kInt64, 1};
     r = parse_fields(&zero_budget, 1);
-    CHECK(r.ok && r.config.budget == 0);
+    CHECK(!r.ok && contains(r.error, ">= 1, got 0"));
 }
 
 void test_shapes()
 {
-    CHECK(check_input_shapes(shape({576, 4096}), shape({576}), shape({})).empty());
-    CHECK(check_input_shapes(shape({2, 576, 4096}), shape({2, 576}), shape({1})).empty());
-    CHECK(check_input_shapes(shape({-1, 4096}), shape({-1}), shape({})).empty());
-    CHECK(contains(check_input_shapes(shape({4096}), shape({}), shape({})), "got rank 1 [4096]"));
-    CHECK(contains(check_input_shapes(shape({576, 4096}), shape({2, 576}), shape({})), "relevance must have rank 1"));
-    CHECK(contains(check_input_shapes(shape({576, 4096}), shape({575}), shape({})), "does not match image_features"));
-    CHECK(contains(check_input_shapes(shape({2, 576, 8}), shape({3, 576}), shape({})), "on axis 0"));
-    CHECK(contains(check_input_shapes(shape({576, 8}), shape({576}), shape({2})), "tau must be a scalar"));
+    Shape const scalar = shape({});
+    CHECK(check_input_shapes(shape({576, 4096}), shape({576}), scalar, scalar).empty());
+    CHECK(check_input_shapes(shape({2, 576, 4096}), shape({2, 576}), shape({1}), shape({1})).empty());
+    CHECK(check_input_shapes(shape({-1, 4096}), shape({-1}), scalar, scalar).empty());
+    CHECK(contains(check_input_shapes(shape({4096}), scalar, scalar, scalar), "got rank 1 [4096]"));
+    CHECK(contains(check_input_shapes(shape({576, 4096}), shape({2, 576}), scalar, scalar), "relevance must have rank 1"));
+    CHECK(contains(check_input_shapes(shape({576, 4096}), shape({575}), scalar, scalar), "does not match image_features"));
+    CHECK(contains(check_input_shapes(shape({2, 576, 8}), shape({3, 576}), scalar, scalar), "on axis 0"));
+    CHECK(contains(check_input_shapes(shape({576, 8}), shape({576}), shape({2}), scalar), "budget must be a scalar"));
+    CHECK(contains(check_input_shapes(shape({576, 8}), shape({576}), scalar, shape({2})), "tau must be a scalar"));
 
     CHECK(keep_length(576, 64) == 64);
     CHECK(keep_length(10, 64) == 10);
     CHECK(keep_length(64, 64) == 64);
     CHECK(keep_length(-1, 64) == -1);
     CHECK(keep_length(576, 0) == 0);
+    CHECK(keep_length(576, -5) == 0);
 
-    Shape o = output_shape(shape({576, 4096}), 64);
-    CHECK(o.rank == 1 && o.dims[0] == 64);
-    o = output_shape(shape({3, 20, 8}), 64);
+    int64_t opt = 0, upper = 0;
+    keep_length_bounds(576, 64, &opt, &upper);
+    CHECK(opt == 64 && upper == 576);
+    keep_length_bounds(20, 64, &opt, &upper);
+    CHECK(opt == 20 && upper == 20);
+    keep_length_bounds(-1, 64, &opt, &upper);
+    CHECK(opt == -1 && upper == -1);
+
+    Shape o = keep_upper_shape(shape({576, 4096}));
+    CHECK(o.rank == 1 && o.dims[0] == 576);
+    o = keep_upper_shape(shape({3, 20, 8}));
     CHECK(o.rank == 2 && o.dims[0] == 3 && o.dims[1] == 20);
-    o = output_shape(shape({-1, -1, 8}), 64);
+    o = keep_upper_shape(shape({-1, -1, 8}));
     CHECK(o.rank == 2 && o.dims[0] == -1 && o.dims[1] == -1);
+    CHECK(keep_upper_shape(shape({4})).rank == 0);
+    CHECK(token_axis(2) == 0 && token_axis(3) == 1 && token_axis(4) == -1);
 
     int64_t b = 0, n = 0, d = 0;
     CHECK(problem_dims(shape({576, 4096}), &b, &n, &d) && b == 1 && n == 576 && d == 4096);
@@ -115,18 +127,23 @@ void test_shapes()
 
 void test_types()
 {
-    CHECK(supports_type(0, DType::kFloat32, true, DType::kFloat32));
-    CHECK(supports_type(0, DType::kFloat16, true, DType::kFloat16));
-    CHECK(!supports_type(0, DType::kInt64, true, DType::kInt64));
-    CHECK(!supports_type(0, DType::kFloat32, false, DType::kFloat32));
-    CHECK(supports_type(1, DType::kFloat32, true, DType::kFloat16));
-    CHECK(!supports_type(1, DType::kFloat16, true, DType::kFloat16));
-    CHECK(supports_type(2, DType::kFloat32, true, DType::kFloat32));
-    CHECK(!supports_type(2, DType::kInt64, true, DType::kFloat32));
-    CHECK(supports_type(3, DType::kInt64, true, DType::kFloat16));
-    CHECK(!supports_type(3, DType::kInt32, true, DType::kFloat32));
-    CHECK(!supports_type(4, DType::kFloat32, true, DType::kFloat32));
-    CHECK(output_type() == DType::kInt64);
+    CHECK(supports_type(kPosFeatures, DType::kFloat32, true, DType::kFloat32));
+    CHECK(supports_type(kPosFeatures, DType::kFloat16, true, DType::kFloat16));
+    CHECK(!supports_type(kPosFeatures, DType::kInt64, true, DType::kInt64));
+    CHECK(!supports_type(kPosFeatures, DType::kFloat32, false, DType::kFloat32));
+    CHECK(supports_type(kPosRelevance, DType::kFloat32, true, DType::kFloat16));
+    CHECK(!supports_type(kPosRelevance, DType::kFloat16, true, DType::kFloat16));
+    CHECK(supports_type(kPosBudget, DType::kInt64, true, DType::kFloat32));
+    CHECK(!supports_type(kPosBudget, DType::kInt32, true, DType::kFloat32));
+    CHECK(supports_type(kPosTau, DType::kFloat32, true, DType::kFloat32));
+    CHECK(!supports_type(kPosTau, DType::kInt64, true, DType::kFloat32));
+    CHECK(supports_type(kPosKeep, DType::kInt64, true, DType::kFloat16));
+    CHECK(!supports_type(kPosKeep, DType::kInt32, true, DType::kFloat32));
+    CHECK(supports_type(kPosKeepLength, DType::kInt64, true, DType::kFloat32));
+    CHECK(!supports_type(kPosKeepLength + 1, DType::kInt64, true, DType::kFloat32));
+    CHECK(!supports_type(-1, DType::kFloat32, true, DType::kFloat32));
+    CHECK(output_type(0) == DType::kInt64 && output_type(1) == DType::kInt64 && output_type(2) == DType::kOther);
+    CHECK(kNbInputs == 4 && kNbOutputs == 2 && kPosKeep == kNbInputs);
 }
 
 void test_workspace()

@@ -40,20 +40,27 @@ CP_API size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, in
 
 /*
  * Runs the selector, asynchronously on `stream`.
- *   features   [batch, n, d]  dtype (CP_DTYPE_FLOAT32 or CP_DTYPE_FLOAT16), row-major, device
- *   relevance  [batch, n]     float32 device pointer, or NULL for uniform weights
- *   budget     tokens to keep; m = min(budget, n); budget >= 0
- *   tau        temperature used when tau_device is NULL
- *   tau_device float32 scalar on the device (the TensorRT plugin's `tau` input), or NULL
- *   keep       [batch, m]     int64 device output, each row sorted ascending
- *   workspace  device buffer of at least cp_coverage_workspace_size(batch, n, d, dtype) bytes
- *   stream     cudaStream_t or NULL (legacy default stream)
- *   cublas     cublasHandle_t or NULL (a per-thread handle is created on first use)
+ *   features       [batch, n, d]  dtype (CP_DTYPE_FLOAT32 or CP_DTYPE_FLOAT16), row-major, device
+ *   relevance      [batch, n]     float32 device pointer, or NULL for uniform weights
+ *   budget         tokens to keep (host value, >= 0), used when budget_device is NULL
+ *   budget_device  int64 scalar on the device (the TensorRT plugin's `budget` input), or NULL;
+ *                  a negative device budget keeps nothing
+ *   m = min(budget, n)
+ *   tau            temperature used when tau_device is NULL
+ *   tau_device     float32 scalar on the device (the plugin's `tau` input), or NULL
+ *   keep           [batch, m]     int64 device output, each row sorted ascending; sized for the
+ *                  largest possible m (n) when the budget is on the device
+ *   keep_length_device  int64 scalar on the device that receives m, or NULL
+ *   workspace      device buffer of at least cp_coverage_workspace_size(batch, n, d, dtype) bytes
+ *                  (may be NULL when a host budget is 0 or >= n: no similarity is computed)
+ *   stream         cudaStream_t or NULL (legacy default stream)
+ *   cublas         cublasHandle_t or NULL (a per-thread handle is created on first use)
  * Returns a cp_status; cp_last_error() then describes the problem in words.
  */
 CP_API int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
-                              int64_t d, int64_t budget, float tau, const float* tau_device, int64_t* keep,
-                              void* workspace, size_t workspace_bytes, void* stream, void* cublas);
+                              int64_t d, int64_t budget, const int64_t* budget_device, float tau,
+                              const float* tau_device, int64_t* keep, int64_t* keep_length_device, void* workspace,
+                              size_t workspace_bytes, void* stream, void* cublas);
 
 /* Name of a cp_status value ("CP_OK", ...). */
 CP_API const char* cp_status_string(int status);
@@ -64,7 +71,7 @@ CP_API const char* cp_last_error(void);
 /* ABI version of this library; bumped when a signature above changes. */
 CP_API int cp_abi_version(void);
 
-#define CP_ABI_VERSION 1
+#define CP_ABI_VERSION 1 /* cp_abi_version() returns this */
 
 #ifdef __cplusplus
 }
