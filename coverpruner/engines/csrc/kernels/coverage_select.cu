@@ -7,9 +7,10 @@
 //   4. greedy_select       grid B            weights, initial gains, m greedy steps with the
 //                                            incremental gain update, sorted output
 // The greedy runs in one block per problem so the m sequential steps cost no kernel launches.
+// The cuBLAS call lives in similarity_gemm.cpp, so this file compiles with the bare CUDA toolkit.
 #include "coverpruner/coverage_select.h"
+#include "similarity_gemm.h"
 
-#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -390,22 +391,6 @@ __global__ void iota_rows(int64_t* keep, int n, size_t total, int64_t* keep_leng
         *keep_length = n;
 }
 
-cublasHandle_t thread_handle(std::string* error)
-{
-    // One handle per host thread: cuBLAS handles must not be shared by concurrent threads.
-    thread_local cublasHandle_t handle = nullptr;
-    if (handle == nullptr)
-    {
-        const cublasStatus_t st = cublasCreate(&handle);
-        if (st != CUBLAS_STATUS_SUCCESS)
-        {
-            *error = std::string("cublasCreate failed: ") + cublasGetStatusString(st);
-            handle = nullptr;
-        }
-    }
-    return handle;
-}
-
 } // namespace
 
 extern "C" size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, int dtype)
@@ -494,23 +479,12 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("normalize_rows: ") + cudaGetErrorString(err));
 
-    std::string handle_error;
-    cublasHandle_t handle = cublas_ptr != nullptr ? static_cast<cublasHandle_t>(cublas_ptr) : thread_handle(&handle_error);
-    if (handle == nullptr)
-        return fail(CP_ERR_CUBLAS, handle_error);
-    cublasStatus_t st = cublasSetStream(handle, stream);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return fail(CP_ERR_CUBLAS, std::string("cublasSetStream: ") + cublasGetStatusString(st));
-    // Row-major Vn [n, d] is column-major X [d, n]; M = X^T X is symmetric, so the column-major
-    // result is also the row-major M. Float32 accumulation for both input types.
-    const float alpha = 1.f, beta = 0.f;
-    const cudaDataType in_type = dtype == CP_DTYPE_FLOAT16 ? CUDA_R_16F : CUDA_R_32F;
-    const int ni = static_cast<int>(n), di = static_cast<int>(d);
-    st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, ni, ni, di, &alpha, normalized, in_type, di,
-        static_cast<long long>(n) * d, normalized, in_type, di, static_cast<long long>(n) * d, &beta, sim, CUDA_R_32F,
-        ni, static_cast<long long>(n) * n, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return fail(CP_ERR_CUBLAS, std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(st));
+    std::string gemm_error;
+    const int gemm_status = coverpruner::similarity_gemm(cublas_ptr, stream, normalized, dtype == CP_DTYPE_FLOAT16,
+        static_cast<int>(batch), static_cast<int>(n), static_cast<int>(d), sim, &gemm_error);
+    if (gemm_status != CP_OK)
+        return fail(gemm_status, gemm_error);
+    const int ni = static_cast<int>(n);
 
     center_clip_rows<<<rows, kRowThreads, 0, stream>>>(sim, ni);
     err = cudaGetLastError();
