@@ -1,0 +1,73 @@
+"""coverpruner-export: checkpoint (alias, HF id in the local cache, or directory) -> engine dir.
+
+Exit codes: 0 done; 2 model not available locally or bad arguments; 1 export failed (message names the graph).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from coverpruner.export.exporter import DTYPES, GRAPHS, ExportOptions
+from coverpruner.export.resolve import MissingModelError, resolve_model
+
+
+def _graphs(text: str) -> tuple[str, ...]:
+    names = tuple(g.strip() for g in text.split(",") if g.strip())
+    bad = [g for g in names if g not in GRAPHS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown graph(s) {bad or [text]}; choose from {','.join(GRAPHS)}")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="coverpruner-export",
+                                description="Export a VLM checkpoint to ONNX graphs + manifest.json (offline).")
+    src = p.add_argument_group("source and destination")
+    src.add_argument("--model", required=True,
+                     help="alias (llava-1.5-7b, llava-1.5-13b), Hugging Face repo id (must be in the local HF "
+                          "cache) or a local checkpoint directory")
+    src.add_argument("--output", required=True, type=Path, help="engine directory to write (created if needed)")
+    g = p.add_argument_group("graphs")
+    g.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+                   help="float precision of weights and float tensors (relevance/softmax stay float32)")
+    g.add_argument("--graphs", type=_graphs, default=GRAPHS,
+                   help=f"comma-separated subset to (re-)export; default all: {','.join(GRAPHS)}")
+    g.add_argument("--opset", type=int, default=18,
+                   help="ONNX opset (>= 17; the exporter is native at 18, 17 only where every op converts)")
+    g.add_argument("--selector", choices=("loop", "plugin"), default="loop",
+                   help="selector graph form: standard ops with Loop (portable) or a TensorRT plugin node")
+    g.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
+                   help="store weights in <graph>.onnx.data: auto = graphs above 1 GiB")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.opset < 17:
+        print(f"coverpruner-export: --opset must be >= 17, got {args.opset}", file=sys.stderr)
+        return 2
+    try:
+        model_dir, source = resolve_model(args.model)
+    except MissingModelError as exc:
+        print(f"coverpruner-export: {exc}", file=sys.stderr)
+        return 2
+    from coverpruner.export.exporter import export_model
+    from coverpruner.export.onnx_io import ExportError
+
+    opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
+                         external_data=args.external_data, progress=not args.no_progress)
+    try:
+        result = export_model(model_dir, args.output, source, opts)
+    except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:
+        print(f"coverpruner-export: {exc}", file=sys.stderr)
+        return 1
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
+    print(f"wrote {', '.join(result.manifest['graphs'])} to {result.output} ({timing})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

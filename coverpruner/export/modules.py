@@ -1,0 +1,107 @@
+"""torch modules that wrap HF parts into the graph contracts of docs/engine-dir.md.
+
+Each wrapper holds references to the family adapter's HF submodules (no copies of weights) and does
+only the glue: tensor names, shapes and the flat KV-cache interface. Import requires torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class VisionGraph(nn.Module):
+    """pixel_values float [B,3,H,W] -> image_features float [B,n,d] (vision tower, feature layer, projector)."""
+
+    def __init__(self, family, model):
+        super().__init__()
+        self.family, self.model = family, model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.family.image_features(self.model, pixel_values)
+
+
+class EmbedGraph(nn.Module):
+    """input_ids int64 [B,S] -> inputs_embeds float [B,S,d] (the decoder's token embedding table)."""
+
+    def __init__(self, embed: nn.Embedding):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class ProbeGraph(nn.Module):
+    """Layer-0 attention demand: the attention instruction tokens place on each visual token.
+
+    Inputs: inputs_embeds float [1,L,d] (native sequence, image rows = image_features), position_ids int64
+    [1,L], visual_positions int64 [n], instruction_positions int64 [T] (sequence indices).
+    Output: relevance float32 [n] = mean over heads and instruction rows of softmax_j(q_t k_j / sqrt(hd)),
+    causal (j <= t) over the whole sequence, restricted to the visual columns.
+
+    Only the T instruction rows get queries (the softmax of a row needs every key of that row, not
+    other rows), so cost is O(T*L) instead of a full O(L^2) layer; no value/output projection, no MLP.
+    Scores and softmax are float32 even for fp16 graphs (HF eager upcasts the softmax the same way).
+    """
+
+    def __init__(self, parts):
+        super().__init__()
+        self.norm, self.q_proj, self.k_proj, self.rotary = parts.norm, parts.q_proj, parts.k_proj, parts.rotary
+        self.apply_rope = parts.apply_rope
+        self.h, self.hkv, self.hd, self.scaling = parts.num_heads, parts.num_kv_heads, parts.head_dim, parts.scaling
+
+    def forward(self, inputs_embeds, position_ids, visual_positions, instruction_positions):
+        hidden = self.norm(inputs_embeds)  # [1,L,d]
+        seq = hidden.shape[1]
+        n_q = instruction_positions.shape[0]
+        cos, sin = self.rotary(hidden, position_ids)  # [1,L,hd], in hidden.dtype like HF
+        q_in = hidden.index_select(1, instruction_positions)  # [1,T,d]
+        q = self.q_proj(q_in).view(1, n_q, self.h, self.hd).transpose(1, 2)  # [1,H,T,hd]
+        k = self.k_proj(hidden).view(1, seq, self.hkv, self.hd).transpose(1, 2)  # [1,Hkv,L,hd]
+        cos_q, sin_q = cos.index_select(1, instruction_positions), sin.index_select(1, instruction_positions)
+        q, _ = self.apply_rope(q, q, cos_q, sin_q)
+        k, _ = self.apply_rope(k, k, cos, sin)
+        # GQA: query head h reads kv head h // (H/Hkv), as HF's repeat_kv.
+        k = k[:, :, None].expand(1, self.hkv, self.h // self.hkv, seq, self.hd).reshape(1, self.h, seq, self.hd)
+        scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * self.scaling  # [1,H,T,L] f32
+        keys = torch.arange(seq, device=scores.device)
+        future = keys[None, :] > instruction_positions[:, None]  # [T,L] causal by sequence index
+        scores = scores.masked_fill(future, torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1)
+        visual = probs.index_select(3, visual_positions)  # [1,H,T,n]
+        return visual.mean(dim=(0, 1, 2))  # [n] f32
+
+
+class DecoderGraph(nn.Module):
+    """One graph for prefill (P=0) and decode (S=1) of the unchanged HF decoder stack.
+
+    Inputs: inputs_embeds float [B,S,d], attention_mask int64 [B,P+S], position_ids int64 [B,S],
+    past key/value float [B,Hkv,P,hd] per layer (flat: k0, v0, k1, v1, ...).
+    Outputs: logits float [B,1,V] of the last position, present key/value [B,Hkv,P+S,hd] per layer.
+    The flat past tensors are wrapped in a transformers DynamicCache so HF's own layers, causal mask
+    and cache update run unchanged.
+    """
+
+    def __init__(self, language_model, lm_head):
+        super().__init__()
+        self.lm, self.head = language_model, lm_head
+        self.num_layers = language_model.config.num_hidden_layers
+
+    def forward(self, inputs_embeds, attention_mask, position_ids, past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)],
+                             config=self.lm.config)
+        out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                      past_key_values=cache, use_cache=True)
+        logits = self.head(out.last_hidden_state[:, -1:, :])
+        present = []
+        for layer in cache.layers:
+            present += [layer.keys, layer.values]
+        return (logits, *present)

@@ -1,0 +1,1 @@
+"""coverpruner.testing: random-weight checkpoints for tests, demos and benchmarks."""

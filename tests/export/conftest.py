@@ -1,0 +1,81 @@
+"""HF-side references for the parity tests: the tiny model, its processor, one real request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+PROMPT = "What color is the bus on the left side of the street?"
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_checkpoint):
+    """The HF model with its default attention (sdpa): an independent reference for the eager export."""
+    from transformers import LlavaForConditionalGeneration
+
+    return LlavaForConditionalGeneration.from_pretrained(str(tiny_checkpoint)).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_processor(tiny_checkpoint):
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(str(tiny_checkpoint))
+
+
+def sample_image(seed: int = 0, size=(200, 240)):
+    """A smooth random RGB image (gradients + blobs) so visual tokens differ but are correlated."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    h, w = size
+    y, x = np.mgrid[0:h, 0:w] / max(h, w)
+    img = np.stack([np.sin(6 * x + rng.random() * 6), np.cos(5 * y + rng.random() * 6), x * y], -1)
+    for _ in range(6):
+        cy, cx, r = rng.random() * h, rng.random() * w, 10 + rng.random() * 30
+        mask = (np.mgrid[0:h, 0:w][0] - cy) ** 2 + (np.mgrid[0:h, 0:w][1] - cx) ** 2 < r * r
+        img[mask] = rng.random(3)
+    img = (img - img.min()) / (img.max() - img.min())
+    return Image.fromarray((img * 255).astype(np.uint8))
+
+
+@dataclass
+class Request:
+    """One native (un-pruned) request. pixel_values f32 [1,3,H,W]; input_ids int64 [1,L];
+    visual / instruction positions int64 [n] / [T]."""
+
+    pixel_values: np.ndarray
+    input_ids: np.ndarray
+    visual_positions: np.ndarray
+    instruction_positions: np.ndarray
+
+
+@pytest.fixture(scope="session")
+def request_inputs(hf_processor, tiny_checkpoint) -> Request:
+    """Processor output for (sample image, PROMPT) plus the family's visual / instruction positions."""
+    from tokenizers import Tokenizer
+
+    from coverpruner.families import get_family
+
+    fam = get_family("llava")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    text = hf_processor.apply_chat_template(messages, add_generation_prompt=True)
+    enc = hf_processor(images=sample_image(), text=text, return_tensors="np")
+    cfg = hf_processor.image_processor.crop_size["height"] // hf_processor.patch_size
+    n = cfg * cfg
+    rendered = fam.render_prompt(fam.chat_template(Path(tiny_checkpoint)), PROMPT, n)
+    image_id = hf_processor.tokenizer.convert_tokens_to_ids("<image>")
+    layout = fam.native_layout(Tokenizer.from_file(str(Path(tiny_checkpoint) / "tokenizer.json")), rendered,
+                               image_id, n)
+    assert (layout.input_ids == enc["input_ids"][0]).all(), "family layout must tokenize like the HF processor"
+    return Request(enc["pixel_values"].astype(np.float32), enc["input_ids"].astype(np.int64),
+                   layout.visual_positions, layout.instruction_positions)
+
+
+def ort_session(path: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
