@@ -27,7 +27,7 @@ constexpr float kNormEps = 1e-12f;
 // coverpruner.selection (TIE_RTOL), so float32 A here and float64 A there agree on exact and near ties.
 constexpr double kTieRtol = 1e-6;
 constexpr int kRowThreads = 256;
-constexpr int kGreedyThreads = 1024;
+constexpr int kGreedyThreads = 512; // 1024 would cap registers at 64 and spill
 constexpr unsigned kFullMask = 0xffffffffu;
 
 thread_local std::string g_last_error;
@@ -354,7 +354,10 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
             for (int j = 0; j < n_changed; ++j)
             {
                 const float a = A[static_cast<size_t>(chg_row[j]) * n + k];
-                const float drop = fmaxf(0.f, a - chg_old[j]) - fmaxf(0.f, a - chg_new[j]);
+                // float differences are exact in double, so the incremental gain stays the plain sum
+                // sum_i w_i max(0, A_ik - c_i) of the float32 utilities, without drift over the m steps
+                const double ad = a;
+                const double drop = fmax(0.0, ad - chg_old[j]) - fmax(0.0, ad - chg_new[j]);
                 delta += static_cast<double>(w[chg_row[j]]) * drop;
                 lost += (a > chg_old[j]) && !(a > chg_new[j]);
             }
