@@ -191,3 +191,17 @@ def test_cli_builds_and_reports_errors(trt_rtx, tmp_path, capsys):
     with pytest.raises(SystemExit):
         build_main([str(d), "--budgets", "0,4"])
     assert "--budgets needs ints >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_fp16_export_builds_fp16_engines(trt_rtx, tiny_checkpoint, tmp_path):
+    """fp16 graphs (strongly typed for TensorRT-RTX) build as fp16 engines: decoder and selector, the two with
+    the most dynamic shapes."""
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    out = tmp_path / "fp16"
+    export_model(tiny_checkpoint, out, "tiny", ExportOptions(dtype="fp16", graphs=("selector", "decoder"),
+                                                             progress=False))
+    section = build_engine_dir(out, BuildOptions(precision="fp16", budgets=(8, 32), max_context=128), trt_rtx)
+    assert set(section["engines"]) == {"selector", "decoder"} and section["precision"] == "fp16"
+    assert all((out / rec["file"]).stat().st_size > 1000 for rec in section["engines"].values())
