@@ -225,3 +225,75 @@ class TrtSessionFactory:
 
 def engine_path(engine_dir: str | Path, graph: str) -> Path:
     return Path(engine_dir) / f"{graph}{ENGINE_SUFFIX}"
+
+
+class TrtDecoderSession:
+    """The decoder engine with its KV cache kept on the GPU: the TensorRT twin of the runtime's ORT
+    DecoderSession (same `reset(capacity)` / `forward(inputs_embeds, position_ids)` / `length` API).
+
+    Each layer's key and value own two device buffers sized for the whole request; step t reads `past` from
+    one and TensorRT writes `present` ([1, H_kv, P+S, hd], contiguous) straight into the other, so the cache
+    never leaves the device. Only the new tokens' embeddings/positions go up and the logits row comes down.
+    """
+
+    def __init__(self, session: TrtSession, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int,
+                 dtype=np.float32):
+        self.session = session
+        self.num_layers, self.h, self.hd, self.vocab_size = num_layers, num_kv_heads, head_dim, vocab_size
+        self.dtype = np.dtype(dtype)
+        names = {i.name for i in session.get_inputs()}
+        want = {"inputs_embeds", "attention_mask", "position_ids"} | {
+            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
+        missing = sorted(want - names)
+        if missing:
+            raise TrtSessionError(f"decoder engine lacks inputs {missing[:4]}")
+        self.capacity = 0
+        self.length = 0
+        self._kv: list = []
+        self._mask = DeviceBuffer()
+        self._embeds, self._positions, self._logits_dev = DeviceBuffer(), DeviceBuffer(), DeviceBuffer()
+
+    def reset(self, capacity: int) -> None:
+        """Empty the cache; buffers grow to `capacity` tokens (and are reused when large enough)."""
+        if capacity > self.capacity:
+            nbytes = self.h * capacity * self.hd * self.dtype.itemsize
+            self._kv = [[[DeviceBuffer(nbytes) for _ in range(2)] for _ in range(2)] for _ in range(self.num_layers)]
+            self._mask.upload(np.ones(capacity, np.int64), self.session.stream)
+            self.capacity = capacity
+        self._logits = np.empty((1, 1, self.vocab_size), self.dtype)
+        self._cur = 0
+        self.length = 0
+
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Append S tokens: inputs_embeds [1, S, d] (cache dtype), position_ids int64 [1, S]. Returns logits [V]."""
+        ctx, stream = self.session.context, self.session.stream
+        s = inputs_embeds.shape[1]
+        total = self.length + s
+        if total > self.capacity:
+            raise TrtSessionError(f"KV cache holds {self.capacity} tokens; {total} requested")
+        embeds = np.ascontiguousarray(inputs_embeds, dtype=self.dtype)
+        positions = np.ascontiguousarray(position_ids, dtype=np.int64)
+        shapes = {"inputs_embeds": embeds.shape, "position_ids": positions.shape, "attention_mask": (1, total)}
+        self._embeds.upload(embeds, stream)
+        self._positions.upload(positions, stream)
+        addresses = {"inputs_embeds": self._embeds.ptr, "position_ids": self._positions.ptr,
+                     "attention_mask": self._mask.ptr}
+        src, dst = self._cur, 1 - self._cur
+        for i in range(self.num_layers):
+            for j, kv in enumerate(("key", "value")):
+                shapes[f"past_key_values.{i}.{kv}"] = (1, self.h, self.length, self.hd)
+                addresses[f"past_key_values.{i}.{kv}"] = self._kv[i][j][src].ptr
+                addresses[f"present.{i}.{kv}"] = self._kv[i][j][dst].ptr
+        for name, shape in shapes.items():
+            if not ctx.set_input_shape(name, tuple(shape)):
+                raise TrtSessionError(self.session._profile_message(name, shape))
+        self._logits_dev.ensure(self._logits.nbytes)
+        addresses["logits"] = self._logits_dev.ptr
+        for name, ptr in addresses.items():
+            ctx.set_tensor_address(name, ptr)
+        if not ctx.execute_async_v3(stream.handle):
+            raise TrtSessionError("decoder engine: TensorRT execution failed (see the TensorRT log)")
+        self._logits_dev.download(self._logits, stream)
+        stream.synchronize()
+        self._cur, self.length = dst, total
+        return self._logits[0, -1]

@@ -123,3 +123,33 @@ def test_plugin_selector_engine_matches_reference(native_libs, trt_module, tmp_p
         (keep,) = sess.run(["keep"], {"image_features": v, "relevance": r, "budget": np.array(budget, np.int64),
                                       "tau": np.array(0.3, np.float32)})
         np.testing.assert_array_equal(keep, coverage_select(v, r, budget=budget, backend="reference"))
+
+
+def test_decoder_kv_loop_matches_onnxruntime(built_dir, trt_module):
+    """Prefill then decode steps with the KV cache on the GPU == ORT with presents fed back as pasts."""
+    from coverpruner.engines.trt_session import TrtDecoderSession, TrtSessionFactory
+
+    manifest = json.loads((built_dir / "manifest.json").read_text())
+    dims = manifest["dims"]
+    layers, h, hd, hidden = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"], dims["hidden_size"]
+    ref = ort.InferenceSession(str(built_dir / manifest["graphs"]["decoder"]["file"]),
+                               providers=["CPUExecutionProvider"])
+    dec = TrtDecoderSession(TrtSessionFactory(built_dir, trt_module)("decoder"), layers, h, hd,
+                            dims["vocab_size"])
+    dec.reset(64)
+    rng = np.random.default_rng(2)
+    past = {f"past_key_values.{i}.{kv}": np.zeros((1, h, 0, hd), np.float32)
+            for i in range(layers) for kv in ("key", "value")}
+    length = 0
+    for s in (30, 1, 1, 1):
+        embeds = rng.standard_normal((1, s, hidden)).astype(np.float32)
+        pos = np.arange(length, length + s, dtype=np.int64)[None]
+        outs = ref.run(None, {"inputs_embeds": embeds, "position_ids": pos,
+                              "attention_mask": np.ones((1, length + s), np.int64), **past})
+        names = [o.name for o in ref.get_outputs()]
+        got = dec.forward(embeds, pos)
+        np.testing.assert_allclose(got, outs[names.index("logits")][0, -1], rtol=2e-3, atol=2e-4)
+        past = {f"past_key_values.{i}.{kv}": outs[names.index(f"present.{i}.{kv}")]
+                for i in range(layers) for kv in ("key", "value")}
+        length += s
+    assert dec.length == length
