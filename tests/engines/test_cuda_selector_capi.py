@@ -77,3 +77,8 @@ def test_missing_library_says_how_to_build(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CudaSelectorError, match="cmake -S coverpruner/engines/csrc"):
         find_selector_library(tmp_path / "nope.so")
+
+
+def test_batch_beyond_grid_limit_is_refused(selector):
+    with pytest.raises(CudaSelectorError, match=r"batch must be <= 65535.*got 70000"):
+        selector.raw_select(1 << 20, CP_DTYPE_FLOAT32, None, 70000, 16, 8, 4, 0.3, 1 << 20, 1 << 20, 1 << 30)

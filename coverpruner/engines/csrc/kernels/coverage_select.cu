@@ -4,8 +4,9 @@
 //   1. normalize_rows      grid B*n          Vn = V / max(||V||, 1e-12), in the feature dtype
 //   2. cuBLAS              strided batched   M = Vn Vn^T, float32 output and accumulation
 //   3. center_clip_rows    grid B*n          A = max(0, M - rowmean(M)) in place
-//   4. greedy_select       grid B            weights, initial gains, m greedy steps with the
-//                                            incremental gain update, sorted output
+//   4. prepare_greedy      grid B            m, demand weights, c = 0 (keep = 0..n-1 if budget >= n)
+//   5. initial_gain        grid n/256 x B    gain_k = sum_i w_i A_ik (the O(n^2) part, on every SM)
+//   6. greedy_select       grid B            m greedy steps with the incremental gain update, sorted output
 // The greedy runs in one block per problem so the m sequential steps cost no kernel launches.
 // The cuBLAS call lives in similarity_gemm.cpp, so this file compiles with the bare CUDA toolkit.
 #include "coverpruner/coverage_select.h"
@@ -217,41 +218,55 @@ __device__ __forceinline__ int keep_count(int64_t const* budget_device, int64_t 
     return budget <= 0 ? 0 : (budget < n ? static_cast<int>(budget) : n);
 }
 
-// One block per problem. blockDim.x must be a multiple of 32 (the ballots cover whole warps).
-// keep is [B, m] with m = min(budget, n): row b starts at b * m.
-__global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
-    float const* __restrict__ relevance_all, float tau_host, float const* __restrict__ tau_device,
-    int64_t budget_host, int64_t const* __restrict__ budget_device, int n, GreedyScratch s,
-    int64_t* __restrict__ keep_all, int64_t* __restrict__ keep_length)
+// Per-problem views into the workspace (row b of every [B, ...] region).
+struct ProblemView
+{
+    float const* A;
+    float* w;
+    float* c;
+    double* gain;
+    int* positive;
+    int* chg_row;
+    float* chg_old;
+    float* chg_new;
+    unsigned char* sel;
+
+    __device__ ProblemView(float const* sim_all, GreedyScratch const& s, size_t b, int n)
+        : A(sim_all + b * n * static_cast<size_t>(n))
+        , w(s.weights + b * n)
+        , c(s.cover + b * n)
+        , gain(s.gain + b * n)
+        , positive(s.positive + b * n)
+        , chg_row(s.changed_row + b * n)
+        , chg_old(s.changed_old + b * n)
+        , chg_new(s.changed_new + b * n)
+        , sel(s.selected + b * n)
+    {
+    }
+};
+
+// Step 1 of the greedy, one block per problem: m, the trivial budget >= n case (keep = 0..n-1), demand
+// weights w = exp(tau * minmax(r)) (absent or constant r -> uniform, no 0/0), c = 0, nothing selected.
+__global__ void prepare_greedy(float const* __restrict__ relevance_all, float tau_host,
+    float const* __restrict__ tau_device, int64_t budget_host, int64_t const* __restrict__ budget_device, int n,
+    GreedyScratch s, int64_t* __restrict__ keep_all, int64_t* __restrict__ keep_length)
 {
     __shared__ float f_lo[32], f_hi[32];
-    __shared__ double d_scratch[32];
-    __shared__ int i_scratch[33];
-    __shared__ int warp_counts[33];
-
     const size_t b = blockIdx.x;
-    float const* A = sim_all + b * n * static_cast<size_t>(n);
-    float* w = s.weights + b * n;
-    float* c = s.cover + b * n;
-    double* gain = s.gain + b * n;
-    int* positive = s.positive + b * n;
-    int* chg_row = s.changed_row + b * n;
-    float* chg_old = s.changed_old + b * n;
-    float* chg_new = s.changed_new + b * n;
-    unsigned char* sel = s.selected + b * n;
     const int tid = threadIdx.x, nthreads = blockDim.x;
     const int m = keep_count(budget_device, budget_host, n);
-    int64_t* keep = keep_all + b * m;
     if (b == 0 && tid == 0 && keep_length != nullptr)
         *keep_length = m;
-    if (m == n) // budget >= n keeps everything, in order
+    if (m == n) // budget >= n keeps everything, in order; the other kernels return at once
     {
+        int64_t* keep = keep_all + b * m;
         for (int i = tid; i < n; i += nthreads)
             keep[i] = i;
         return;
     }
-
-    // Demand weights w = exp(tau * minmax(r)); absent or constant r -> uniform (no 0/0).
+    float* w = s.weights + b * n;
+    float* c = s.cover + b * n;
+    unsigned char* sel = s.selected + b * n;
     const float tau = tau_device != nullptr ? *tau_device : tau_host;
     if (relevance_all != nullptr)
     {
@@ -266,7 +281,6 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
         const float range = hi - lo;
         for (int i = tid; i < n; i += nthreads)
             w[i] = range > 0.f ? expf(tau * ((r[i] - lo) / range)) : 1.f;
-        __syncthreads();
     }
     else
     {
@@ -278,28 +292,64 @@ __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __r
         c[i] = 0.f;
         sel[i] = 0;
     }
-    __syncthreads();
+}
+
+// Step 2, over the whole grid (x: column tiles, y: problems): gain_k = sum_i w_i A_ik while c = 0 (A >= 0),
+// and how many rows have A_ik > 0. The O(n^2) part of the greedy, so it gets every SM, not one block.
+__global__ void initial_gain(float const* __restrict__ sim_all, int64_t budget_host,
+    int64_t const* __restrict__ budget_device, int n, GreedyScratch s)
+{
+    if (keep_count(budget_device, budget_host, n) == n)
+        return;
+    const int k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= n)
+        return;
+    const ProblemView p(sim_all, s, blockIdx.y, n);
+    double g = 0.0;
+    int count = 0;
+    for (int i = 0; i < n; ++i) // threads of a warp read consecutive columns of row i: coalesced
+    {
+        const float a = p.A[static_cast<size_t>(i) * n + k];
+        g += static_cast<double>(p.w[i]) * a;
+        count += a > 0.f;
+    }
+    p.gain[k] = g;
+    p.positive[k] = count;
+}
+
+// Step 3, one block per problem: the m sequential picks with the incremental gain update, then the
+// sorted output. blockDim.x must be a multiple of 32 (the ballots cover whole warps).
+// keep is [B, m] with m = min(budget, n): row b starts at b * m.
+__global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
+    int64_t budget_host, int64_t const* __restrict__ budget_device, int n, GreedyScratch s,
+    int64_t* __restrict__ keep_all)
+{
+    __shared__ float f_scratch[32];
+    __shared__ double d_scratch[32];
+    __shared__ int i_scratch[33];
+    __shared__ int warp_counts[33];
+
+    const size_t b = blockIdx.x;
+    const int m = keep_count(budget_device, budget_host, n);
+    if (m == n)
+        return; // prepare_greedy wrote keep
+    const ProblemView p(sim_all, s, b, n);
+    float const* A = p.A;
+    float const* w = p.w;
+    float* c = p.c;
+    double* gain = p.gain;
+    int* positive = p.positive;
+    int* chg_row = p.chg_row;
+    float* chg_old = p.chg_old;
+    float* chg_new = p.chg_new;
+    unsigned char* sel = p.sel;
+    int64_t* keep = keep_all + b * m;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
 
     float w_part = 0.f;
     for (int i = tid; i < n; i += nthreads)
         w_part += w[i];
-    const double tie_atol = kTieRtol * static_cast<double>(block_sum(w_part, f_lo));
-
-    // gain_k = sum_i w_i A_ik while c = 0 (A >= 0); threads walk columns so reads coalesce.
-    for (int k = tid; k < n; k += nthreads)
-    {
-        double g = 0.0;
-        int count = 0;
-        for (int i = 0; i < n; ++i)
-        {
-            const float a = A[static_cast<size_t>(i) * n + k];
-            g += static_cast<double>(w[i]) * a;
-            count += a > 0.f;
-        }
-        gain[k] = g;
-        positive[k] = count;
-    }
-    __syncthreads();
+    const double tie_atol = kTieRtol * static_cast<double>(block_sum(w_part, f_scratch));
 
     for (int step = 0; step < m; ++step)
     {
@@ -430,8 +480,11 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     if (dtype != CP_DTYPE_FLOAT32 && dtype != CP_DTYPE_FLOAT16)
         return fail(CP_ERR_INVALID_ARGUMENT, "dtype must be CP_DTYPE_FLOAT32 (0) or CP_DTYPE_FLOAT16 (1), got "
                 + std::to_string(dtype));
-    if (n > INT_MAX / 2 || d > INT_MAX / 2 || batch > INT_MAX)
-        return fail(CP_ERR_INVALID_ARGUMENT, "batch, n and d must fit cuBLAS int dimensions");
+    if (n > INT_MAX / 2 || d > INT_MAX / 2)
+        return fail(CP_ERR_INVALID_ARGUMENT, "n and d must fit cuBLAS int dimensions");
+    if (batch > 65535)
+        return fail(CP_ERR_INVALID_ARGUMENT, "batch must be <= 65535 (a CUDA grid's y dimension), got "
+                + std::to_string(batch));
     cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
     cudaError_t err = cudaSuccess;
 
@@ -506,8 +559,18 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     // Fewer threads for small n: idle warps would only add barrier cost. Multiple of 32.
     int threads = static_cast<int>(((n + 31) / 32) * 32);
     threads = threads > kGreedyThreads ? kGreedyThreads : threads;
+    prepare_greedy<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
+        relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
+    err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string("prepare_greedy: ") + cudaGetErrorString(err));
+    const dim3 gain_grid(static_cast<unsigned>((n + kRowThreads - 1) / kRowThreads), static_cast<unsigned>(batch));
+    initial_gain<<<gain_grid, kRowThreads, 0, stream>>>(sim, budget, budget_device, ni, scratch);
+    err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string("initial_gain: ") + cudaGetErrorString(err));
     greedy_select<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
-        sim, relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
+        sim, budget, budget_device, ni, scratch, keep);
     err = cudaGetLastError();
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("greedy_select: ") + cudaGetErrorString(err));
