@@ -327,6 +327,12 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
     if plugin_form and options.plugin is None:
         raise TensorRTBuildError("selector.onnx is the plugin form (manifest selector_form = 'plugin'): pass "
                                  "--plugin PATH to libcoverpruner_trt_plugin.so")
+    if plugin_form and trt.flavour == "tensorrt_rtx" and detect_compute_capability() is None:
+        # Observed with TensorRT-RTX 1.7: its ONNX parser creates the plugin, then aborts the whole process
+        # (std::terminate) when no GPU is present. Refuse instead of crashing.
+        raise TensorRTBuildError("the plugin-form selector cannot be built with TensorRT-RTX on a machine "
+                                 "without a GPU (its parser aborts the process); build it on the target GPU, "
+                                 "or export --selector loop")
     logger = _logger(trt, verbose)
     plugin_record = None
     if options.plugin is not None:

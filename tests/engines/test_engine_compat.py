@@ -93,3 +93,10 @@ def test_bad_options_are_named(kwargs, message):
 def test_unknown_flavour_and_missing_module():
     with pytest.raises(ValueError, match="flavour must be one of"):
         load_tensorrt("onnxruntime")
+
+
+def test_missing_plugin_library_is_named(tmp_path):
+    from coverpruner.engines.tensorrt import TrtModule, load_plugin_library
+
+    with pytest.raises(TensorRTBuildError, match=r"plugin library .*missing.so does not exist"):
+        load_plugin_library(TrtModule(module=None, flavour="tensorrt", version="10.3.0"), tmp_path / "missing.so")

@@ -17,6 +17,7 @@ from coverpruner.engines.tensorrt import (
     TensorRTBuildError,
     TrtModule,
     build_engine_dir,
+    detect_compute_capability,
     load_tensorrt,
 )
 
@@ -121,8 +122,13 @@ def test_plugin_form_needs_plugin_library(trt_rtx, tmp_path):
     d = _selector_dir(tmp_path, form="plugin")
     with pytest.raises(TensorRTBuildError, match="--plugin PATH"):
         build_engine_dir(d, BuildOptions(), trt_rtx)
-    with pytest.raises(TensorRTBuildError, match="does not exist"):
-        build_engine_dir(d, BuildOptions(plugin=tmp_path / "missing.so"), trt_rtx)
+
+
+@pytest.mark.skipif(detect_compute_capability() is not None, reason="checks the GPU-less refusal")
+def test_plugin_form_with_rtx_without_gpu_is_refused_not_crashed(trt_rtx, tmp_path):
+    d = _selector_dir(tmp_path, form="plugin")
+    with pytest.raises(TensorRTBuildError, match="without a GPU"):
+        build_engine_dir(d, BuildOptions(plugin=tmp_path / "libcoverpruner_trt_plugin.so"), trt_rtx)
 
 
 def _tiny_graph_dir(tmp_path, input_shape, manifest_shape, name="x"):
