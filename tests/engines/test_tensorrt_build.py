@@ -3,13 +3,13 @@ optimization profiles from the manifest, and refuses bad requests with clear err
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from coverpruner.engines.build_cli import main as build_main
 from coverpruner.engines.tensorrt import (
@@ -59,8 +59,6 @@ def test_every_graph_builds(trt_rtx, export_copy):
     for graph, rec in section["engines"].items():
         blob = (export_copy / rec["file"]).read_bytes()
         assert _engine_magic_ok(blob), graph
-        import hashlib
-
         assert hashlib.sha256(blob).hexdigest() == rec["sha256"]
     dims = manifest["dims"]
     n, hidden = dims["num_visual_tokens"], dims["hidden_size"]
