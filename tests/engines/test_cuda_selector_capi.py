@@ -21,9 +21,9 @@ def _up(x: int) -> int:
 
 
 def _expected_workspace(b: int, n: int, d: int, elem: int) -> int:
-    # normalized, similarity, weights, cover, gain (f64), positive, changed_row/old/new, selected
+    # normalized, similarity, weights, cover, gain (f64), changed_row/old/new, selected
     return (_up(b * n * d * elem) + _up(b * n * n * 4) + 2 * _up(b * n * 4) + _up(b * n * 8)
-            + 4 * _up(b * n * 4) + _up(b * n))
+            + 3 * _up(b * n * 4) + _up(b * n))
 
 
 @pytest.fixture(scope="module")

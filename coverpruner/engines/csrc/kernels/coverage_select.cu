@@ -10,6 +10,7 @@
 // The greedy runs in one block per problem so the m sequential steps cost no kernel launches.
 // The cuBLAS call lives in similarity_gemm.cpp, so this file compiles with the bare CUDA toolkit.
 #include "coverpruner/coverage_select.h"
+#include "greedy_core.cuh"
 #include "similarity_gemm.h"
 
 #include <cuda_fp16.h>
@@ -24,11 +25,8 @@ namespace
 {
 
 constexpr float kNormEps = 1e-12f;
-// Gains within kTieRtol * sum(w) of the best count as tied and go to the lowest index: the tie rule of
-// coverpruner.selection (TIE_RTOL), so float32 A here and float64 A there agree on exact and near ties.
-constexpr double kTieRtol = 1e-6;
 constexpr int kRowThreads = 256;
-constexpr int kGreedyThreads = 512; // 1024 would cap registers at 64 and spill
+constexpr int kGreedyThreads = 512; // register headroom; the compile check (-warn-spills) guards it
 constexpr unsigned kFullMask = 0xffffffffu;
 
 thread_local std::string g_last_error;
@@ -157,18 +155,6 @@ __device__ int block_rank(bool flag, int* warp_counts /* [33] shared */, int* to
     return rank;
 }
 
-struct GreedyScratch
-{
-    float* weights;   // [B, n]
-    float* cover;     // [B, n]
-    double* gain;     // [B, n]
-    int* positive;    // [B, n]
-    int* changed_row; // [B, n]
-    float* changed_old;
-    float* changed_new;
-    unsigned char* selected; // [B, n]
-};
-
 // Block-wide max of a double; every thread gets it.
 __device__ double block_max(double v, double* scratch /* [32] shared */)
 {
@@ -211,227 +197,80 @@ __device__ int block_min_int(int v, int* scratch /* [33] shared */)
     return v;
 }
 
-// m = min(budget, n) with the budget on the host (budget_device == nullptr) or on the device.
-__device__ __forceinline__ int keep_count(int64_t const* budget_device, int64_t budget_host, int n)
-{
-    const int64_t budget = budget_device != nullptr ? *budget_device : budget_host;
-    return budget <= 0 ? 0 : (budget < n ? static_cast<int>(budget) : n);
-}
+namespace greedy = coverpruner::greedy;
+using greedy::ProblemView;
+using greedy::Scratch;
 
-// Per-problem views into the workspace (row b of every [B, ...] region).
-struct ProblemView
+// The cooperative primitives greedy_core.cuh asks for, on one CUDA block (shared-memory scratch
+// declared by the kernel). blockDim.x must be a multiple of 32: the ballots and shuffles cover whole warps.
+struct DeviceBlock
 {
-    float const* A;
-    float* w;
-    float* c;
-    double* gain;
-    int* positive;
-    int* chg_row;
-    float* chg_old;
-    float* chg_new;
-    unsigned char* sel;
+    float* f_lo;      // [32]
+    float* f_hi;      // [32]
+    double* d;        // [32]
+    int* i;           // [33]
+    int* warp_counts; // [33]
 
-    __device__ ProblemView(float const* sim_all, GreedyScratch const& s, size_t b, int n)
-        : A(sim_all + b * n * static_cast<size_t>(n))
-        , w(s.weights + b * n)
-        , c(s.cover + b * n)
-        , gain(s.gain + b * n)
-        , positive(s.positive + b * n)
-        , chg_row(s.changed_row + b * n)
-        , chg_old(s.changed_old + b * n)
-        , chg_new(s.changed_new + b * n)
-        , sel(s.selected + b * n)
-    {
-    }
+    __device__ int tid() const { return threadIdx.x; }
+    __device__ int size() const { return blockDim.x; }
+    __device__ void sync() { __syncthreads(); }
+    __device__ float sum(float v) { return block_sum(v, f_lo); }
+    __device__ void min_max(float& lo, float& hi) { block_min_max(lo, hi, f_lo, f_hi); }
+    __device__ double max(double v) { return block_max(v, d); }
+    __device__ int min_int(int v) { return block_min_int(v, i); }
+    __device__ int rank(bool flag, int* total) { return block_rank(flag, warp_counts, total); }
 };
 
-// Step 1 of the greedy, one block per problem: m, the trivial budget >= n case (keep = 0..n-1), demand
-// weights w = exp(tau * minmax(r)) (absent or constant r -> uniform, no 0/0), c = 0, nothing selected.
-__global__ void prepare_greedy(float const* __restrict__ relevance_all, float tau_host,
-    float const* __restrict__ tau_device, int64_t budget_host, int64_t const* __restrict__ budget_device, int n,
-    GreedyScratch s, int64_t* __restrict__ keep_all, int64_t* __restrict__ keep_length)
+#define CP_DEVICE_BLOCK(name)                                                                              \
+    __shared__ float name##_f_lo[32], name##_f_hi[32];                                                     \
+    __shared__ double name##_d[32];                                                                        \
+    __shared__ int name##_i[33], name##_counts[33];                                                        \
+    DeviceBlock name{name##_f_lo, name##_f_hi, name##_d, name##_i, name##_counts}
+
+// m = min(budget, n) with the budget on the host (budget_device == nullptr) or on the device.
+__device__ __forceinline__ int device_keep_count(int64_t const* budget_device, int64_t budget_host, int n)
 {
-    __shared__ float f_lo[32], f_hi[32];
-    const size_t b = blockIdx.x;
-    const int tid = threadIdx.x, nthreads = blockDim.x;
-    const int m = keep_count(budget_device, budget_host, n);
-    if (b == 0 && tid == 0 && keep_length != nullptr)
-        *keep_length = m;
-    if (m == n) // budget >= n keeps everything, in order; the other kernels return at once
-    {
-        int64_t* keep = keep_all + b * m;
-        for (int i = tid; i < n; i += nthreads)
-            keep[i] = i;
-        return;
-    }
-    float* w = s.weights + b * n;
-    float* c = s.cover + b * n;
-    unsigned char* sel = s.selected + b * n;
-    const float tau = tau_device != nullptr ? *tau_device : tau_host;
-    if (relevance_all != nullptr)
-    {
-        float const* r = relevance_all + b * n;
-        float lo = FLT_MAX, hi = -FLT_MAX;
-        for (int i = tid; i < n; i += nthreads)
-        {
-            lo = fminf(lo, r[i]);
-            hi = fmaxf(hi, r[i]);
-        }
-        block_min_max(lo, hi, f_lo, f_hi);
-        const float range = hi - lo;
-        for (int i = tid; i < n; i += nthreads)
-            w[i] = range > 0.f ? expf(tau * ((r[i] - lo) / range)) : 1.f;
-    }
-    else
-    {
-        for (int i = tid; i < n; i += nthreads)
-            w[i] = 1.f;
-    }
-    for (int i = tid; i < n; i += nthreads)
-    {
-        c[i] = 0.f;
-        sel[i] = 0;
-    }
+    return greedy::keep_count(budget_device != nullptr ? *budget_device : budget_host, n);
 }
 
-// Step 2, over the whole grid (x: column tiles, y: problems): gain_k = sum_i w_i A_ik while c = 0 (A >= 0),
-// and how many rows have A_ik > 0. The O(n^2) part of the greedy, so it gets every SM, not one block.
-__global__ void initial_gain(float const* __restrict__ sim_all, int64_t budget_host,
-    int64_t const* __restrict__ budget_device, int n, GreedyScratch s)
+// Step 1 of the greedy, one block per problem: m, keep = 0..n-1 when budget >= n (the other kernels then
+// return at once), demand weights, c = 0, nothing selected.
+__global__ void prepare_greedy(float const* __restrict__ sim_all, float const* __restrict__ relevance_all,
+    float tau_host, float const* __restrict__ tau_device, int64_t budget_host,
+    int64_t const* __restrict__ budget_device, int n, Scratch s, int64_t* __restrict__ keep_all,
+    int64_t* __restrict__ keep_length)
 {
-    if (keep_count(budget_device, budget_host, n) == n)
+    CP_DEVICE_BLOCK(blk);
+    const size_t b = blockIdx.x;
+    const int m = device_keep_count(budget_device, budget_host, n);
+    if (b == 0 && threadIdx.x == 0 && keep_length != nullptr)
+        *keep_length = m;
+    const float tau = tau_device != nullptr ? *tau_device : tau_host;
+    float const* r = relevance_all != nullptr ? relevance_all + b * n : nullptr;
+    greedy::prepare(blk, r, tau, ProblemView(sim_all, s, b, n), n, m, keep_all + b * m);
+}
+
+// Step 2, over the whole grid (x: column tiles, y: problems): the O(n^2) initial gains get every SM.
+__global__ void initial_gain(float const* __restrict__ sim_all, int64_t budget_host,
+    int64_t const* __restrict__ budget_device, int n, Scratch s)
+{
+    if (device_keep_count(budget_device, budget_host, n) == n)
         return;
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= n)
-        return;
-    const ProblemView p(sim_all, s, blockIdx.y, n);
-    double g = 0.0;
-    int count = 0;
-    for (int i = 0; i < n; ++i) // threads of a warp read consecutive columns of row i: coalesced
-    {
-        const float a = p.A[static_cast<size_t>(i) * n + k];
-        g += static_cast<double>(p.w[i]) * a;
-        count += a > 0.f;
-    }
-    p.gain[k] = g;
-    p.positive[k] = count;
+    if (k < n)
+        greedy::initial_gain_column(ProblemView(sim_all, s, blockIdx.y, n), n, k);
 }
 
-// Step 3, one block per problem: the m sequential picks with the incremental gain update, then the
-// sorted output. blockDim.x must be a multiple of 32 (the ballots cover whole warps).
-// keep is [B, m] with m = min(budget, n): row b starts at b * m.
+// Step 3, one block per problem: the m sequential picks and the sorted output; keep is [B, m].
 __global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
-    int64_t budget_host, int64_t const* __restrict__ budget_device, int n, GreedyScratch s,
-    int64_t* __restrict__ keep_all)
+    int64_t budget_host, int64_t const* __restrict__ budget_device, int n, Scratch s, int64_t* __restrict__ keep_all)
 {
-    __shared__ float f_scratch[32];
-    __shared__ double d_scratch[32];
-    __shared__ int i_scratch[33];
-    __shared__ int warp_counts[33];
-
+    CP_DEVICE_BLOCK(blk);
     const size_t b = blockIdx.x;
-    const int m = keep_count(budget_device, budget_host, n);
+    const int m = device_keep_count(budget_device, budget_host, n);
     if (m == n)
         return; // prepare_greedy wrote keep
-    const ProblemView p(sim_all, s, b, n);
-    float const* A = p.A;
-    float const* w = p.w;
-    float* c = p.c;
-    double* gain = p.gain;
-    int* positive = p.positive;
-    int* chg_row = p.chg_row;
-    float* chg_old = p.chg_old;
-    float* chg_new = p.chg_new;
-    unsigned char* sel = p.sel;
-    int64_t* keep = keep_all + b * m;
-    const int tid = threadIdx.x, nthreads = blockDim.x;
-
-    float w_part = 0.f;
-    for (int i = tid; i < n; i += nthreads)
-        w_part += w[i];
-    const double tie_atol = kTieRtol * static_cast<double>(block_sum(w_part, f_scratch));
-
-    for (int step = 0; step < m; ++step)
-    {
-        // k* = lowest unselected index whose gain is within tie_atol of the best unselected gain.
-        double bg = -DBL_MAX;
-        for (int k = tid; k < n; k += nthreads)
-            if (!sel[k])
-                bg = fmax(bg, gain[k]);
-        const double threshold = block_max(bg, d_scratch) - tie_atol;
-        int bi = INT_MAX;
-        for (int k = tid; k < n && bi == INT_MAX; k += nthreads)
-            if (!sel[k] && gain[k] >= threshold)
-                bi = k;
-        const int pick = block_min_int(bi, i_scratch);
-        if (tid == 0)
-            sel[pick] = 1;
-        __syncthreads();
-
-        // Rows whose cover rises (A_i,k* > c_i), listed in row order so every gain update below
-        // sums in the same order on every run (deterministic results).
-        int n_changed = 0;
-        for (int start = 0; start < n; start += nthreads)
-        {
-            const int i = start + tid;
-            float a = 0.f, old = 0.f;
-            bool rises = false;
-            if (i < n)
-            {
-                a = A[static_cast<size_t>(i) * n + pick];
-                old = c[i];
-                rises = a > old;
-            }
-            int chunk_total = 0;
-            const int rank = block_rank(rises, warp_counts, &chunk_total);
-            if (rises)
-            {
-                chg_row[n_changed + rank] = i;
-                chg_old[n_changed + rank] = old;
-                chg_new[n_changed + rank] = a;
-            }
-            n_changed += chunk_total;
-        }
-        __syncthreads();
-
-        // Only the changed rows alter any gain: subtract w_i (max(0,A_ik-c_old) - max(0,A_ik-c_new)).
-        for (int k = tid; k < n; k += nthreads)
-        {
-            if (sel[k])
-                continue;
-            double delta = 0.0;
-            int lost = 0;
-            for (int j = 0; j < n_changed; ++j)
-            {
-                const float a = A[static_cast<size_t>(chg_row[j]) * n + k];
-                // float differences are exact in double, so the incremental gain stays the plain sum
-                // sum_i w_i max(0, A_ik - c_i) of the float32 utilities, without drift over the m steps
-                const double ad = a;
-                const double drop = fmax(0.0, ad - chg_old[j]) - fmax(0.0, ad - chg_new[j]);
-                delta += static_cast<double>(w[chg_row[j]]) * drop;
-                lost += (a > chg_old[j]) && !(a > chg_new[j]);
-            }
-            positive[k] -= lost;
-            // No row left with A_ik > c_i: the exact gain is 0, whatever float residue says.
-            gain[k] = positive[k] > 0 ? gain[k] - delta : 0.0;
-        }
-        for (int j = tid; j < n_changed; j += nthreads)
-            c[chg_row[j]] = chg_new[j];
-        __syncthreads();
-    }
-
-    // Selected indices in ascending order: a stable compaction of the flags.
-    int written = 0;
-    for (int start = 0; start < n; start += nthreads)
-    {
-        const int i = start + tid;
-        const bool picked = i < n && sel[i];
-        int chunk_total = 0;
-        const int rank = block_rank(picked, warp_counts, &chunk_total);
-        if (picked)
-            keep[written + rank] = i;
-        written += chunk_total;
-    }
+    greedy::select(blk, ProblemView(sim_all, s, b, n), n, m, keep_all + b * m);
 }
 
 // budget >= n keeps every token: keep[b, i] = i.
@@ -547,11 +386,10 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("center_clip_rows: ") + cudaGetErrorString(err));
 
-    GreedyScratch scratch;
+    Scratch scratch;
     scratch.weights = reinterpret_cast<float*>(ws + layout.weights);
     scratch.cover = reinterpret_cast<float*>(ws + layout.cover);
     scratch.gain = reinterpret_cast<double*>(ws + layout.gain);
-    scratch.positive = reinterpret_cast<int*>(ws + layout.positive);
     scratch.changed_row = reinterpret_cast<int*>(ws + layout.changed_row);
     scratch.changed_old = reinterpret_cast<float*>(ws + layout.changed_old);
     scratch.changed_new = reinterpret_cast<float*>(ws + layout.changed_new);
@@ -560,7 +398,7 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     int threads = static_cast<int>(((n + 31) / 32) * 32);
     threads = threads > kGreedyThreads ? kGreedyThreads : threads;
     prepare_greedy<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
-        relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
+        sim, relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
     err = cudaGetLastError();
     if (err != cudaSuccess)
         return fail(CP_ERR_CUDA, std::string("prepare_greedy: ") + cudaGetErrorString(err));

@@ -12,8 +12,6 @@
  *   cover        [B, n]     float32: c_i, best utility row i already has from the picks
  *   gain         [B, n]     float64: sum_i w_i max(0, A_ik - c_i); float64 so m incremental
  *                           updates do not drift away from the float64 reference's ties
- *   positive     [B, n]     int32:   rows i with A_ik > c_i; a column whose count reaches 0 has
- *                           gain exactly 0 (snapped, so float residue cannot break 0-gain ties)
  *   changed_row  [B, n]     int32:   rows whose c_i rose at this step
  *   changed_old  [B, n]     float32: their c_i before the step
  *   changed_new  [B, n]     float32: their c_i after the step
@@ -45,7 +43,6 @@ typedef struct cp_workspace_layout
     size_t weights;
     size_t cover;
     size_t gain;
-    size_t positive;
     size_t changed_row;
     size_t changed_old;
     size_t changed_new;
@@ -87,7 +84,6 @@ static inline int cp_workspace_layout_for(int64_t batch, int64_t n, int64_t d, i
     out->weights = off;     off += cp_align_up(B * N * 4u);
     out->cover = off;       off += cp_align_up(B * N * 4u);
     out->gain = off;        off += cp_align_up(B * N * 8u);
-    out->positive = off;    off += cp_align_up(B * N * 4u);
     out->changed_row = off; off += cp_align_up(B * N * 4u);
     out->changed_old = off; off += cp_align_up(B * N * 4u);
     out->changed_new = off; off += cp_align_up(B * N * 4u);
