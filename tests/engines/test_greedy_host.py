@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not fou
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory):
     lib = tmp_path_factory.mktemp("greedy_host") / "libgreedy_host.so"
-    cmd = ["g++", "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC",
+    cmd = ["g++", "-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread",
            str(CSRC_DIR / "tests" / "greedy_host_harness.cpp"), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -29,14 +29,17 @@ def harness(tmp_path_factory):
     so.cp_greedy_host.restype = ctypes.c_int
     so.cp_greedy_host.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
                                   ctypes.c_void_p]
+    so.cp_greedy_host_threads.restype = ctypes.c_int
+    so.cp_greedy_host_threads.argtypes = so.cp_greedy_host.argtypes + [ctypes.c_int]
 
-    def run(a32: np.ndarray, relevance, budget: int, tau: float) -> np.ndarray:
+    def run(a32: np.ndarray, relevance, budget: int, tau: float, threads: int = 1) -> np.ndarray:
+        """Indices from a one-thread block, or from a block of `threads` host threads."""
         a32 = np.ascontiguousarray(a32, np.float32)
         n = a32.shape[0]
         r = None if relevance is None else np.ascontiguousarray(relevance, np.float32)
         keep = np.full(max(n, 1), -1, np.int64)
-        m = so.cp_greedy_host(a32.ctypes.data, None if r is None else r.ctypes.data, n, budget, tau,
-                              keep.ctypes.data)
+        args = (a32.ctypes.data, None if r is None else r.ctypes.data, n, budget, tau, keep.ctypes.data)
+        m = so.cp_greedy_host(*args) if threads == 1 else so.cp_greedy_host_threads(*args, threads)
         return keep[:m]
 
     return run
@@ -113,3 +116,16 @@ def test_edge_budgets_and_nan_relevance(harness):
     bad[3] = np.nan  # NaN demand makes NaN gains: the greedy must still write m distinct in-range indices
     keep = harness(a32, bad, 10, 0.3)
     assert keep.shape == (10,) and np.all(np.diff(keep) > 0) and keep[0] >= 0 and keep[-1] < n
+
+
+@pytest.mark.parametrize("threads", [3, 8])
+@pytest.mark.parametrize("kind", ["random", "duplicated", "no_relevance"])
+def test_multithread_block_gives_the_same_indices(harness, kind, threads):
+    """A block of several threads (strided loops, block reductions, compaction ranks across threads, as on the
+    GPU) picks exactly what the one-thread block and the reference pick."""
+    for seed in range(2):
+        v, r, budget, tau = make_case(kind, 20 + seed)
+        a32 = gpu_utilities(v)
+        one = harness(a32, r, budget, tau)
+        np.testing.assert_array_equal(harness(a32, r, budget, tau, threads=threads), one)
+        np.testing.assert_array_equal(one, coverage_select(v, r, budget=budget, tau=tau, backend="reference"))
