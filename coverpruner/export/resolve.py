@@ -48,7 +48,7 @@ def resolve_model(spec: str, cache_dir: str | None = None) -> tuple[Path, str]:
         problem = _weights_problem(local)
         if problem:
             raise MissingModelError(f"--model {spec}: {problem}")
-        return local.resolve(), spec
+        return local.resolve(), str(local.resolve())
     repo_id = resolve_alias(spec)
     if spec.startswith((".", "/", "~", os.sep)) or spec.count("/") > 1:
         raise MissingModelError(f"--model {spec}: no such directory")

@@ -29,11 +29,16 @@ def _const(name: str, value, dtype=None) -> onnx.NodeProto:
 
 
 def _loop_body() -> onnx.GraphProto:
-    """One greedy step. Carried: c [n, 1] coverage, taken [1, n] bool. Scan output: the pick k [1] int64."""
+    """One greedy step. Carried: c [n] coverage, taken [1, n] bool. Scan output: the pick k [1] int64.
+
+    c is carried 1-D and reshaped to a column inside the body: TensorRT-RTX 1.7's Myelin compiler rejects a
+    loop-carried [n, 1] tensor that is broadcast against A (CHECK(dim_count == stride_order.size())).
+    """
     n = helper.make_node
     nodes = [
+        n("Reshape", ["c_in", "shape_col"], ["c_col"]),  # [n, 1]
         # uncovered gain of every candidate column: sum_i w_i * relu(A_ik - c_i)   -> gain [1, n]
-        n("Sub", ["A", "c_in"], ["excess"]),
+        n("Sub", ["A", "c_col"], ["excess"]),
         n("Relu", ["excess"], ["uncovered"]),
         n("Mul", ["uncovered", "w_col"], ["weighted"]),
         n("ReduceSum", ["weighted", "axis0"], ["gain_raw"], keepdims=1),
@@ -48,7 +53,8 @@ def _loop_body() -> onnx.GraphProto:
         n("Reshape", ["k_2d", "shape_1"], ["k"]),
         # c <- max(c, A[:, k]); taken[k] <- true
         n("Gather", ["A", "k"], ["a_col"], axis=1),  # [n, 1]
-        n("Max", ["c_in", "a_col"], ["c_out"]),
+        n("Max", ["c_col", "a_col"], ["c_next"]),
+        n("Reshape", ["c_next", "shape_1_neg"], ["c_out"]),
         n("Equal", ["index_row", "k_2d"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
         n("Identity", ["cond_in"], ["cond_out"]),
@@ -60,12 +66,12 @@ def _loop_body() -> onnx.GraphProto:
         inputs=[
             helper.make_tensor_value_info("iter", TensorProto.INT64, []),
             helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["n", 1]),
+            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["n"]),
             helper.make_tensor_value_info("taken_in", TensorProto.BOOL, [1, "n"]),
         ],
         outputs=[
             helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["n", 1]),
+            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["n"]),
             helper.make_tensor_value_info("taken_out", TensorProto.BOOL, [1, "n"]),
             helper.make_tensor_value_info("k_out", TensorProto.INT64, [1]),
         ],
@@ -131,8 +137,7 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),
         n("Reshape", ["rank_f", "shape_row"], ["rank_row"]),  # n - index, so the lowest index ranks highest
         n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
-        n("ConstantOfShape", ["n_1d"], ["c_flat"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
-        n("Reshape", ["c_flat", "shape_col"], ["c0"]),
+        n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
         n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],

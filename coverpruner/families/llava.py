@@ -193,17 +193,6 @@ class LlavaFamily:
     def lm_head(self, model):
         return model.lm_head
 
-    def release_vision(self, model) -> None:
-        """Free the vision tower and projector (exported already; no later graph uses them)."""
-        model.model.vision_tower = None
-        model.model.multi_modal_projector = None
-
-    def release_embed(self, model) -> None:
-        """Free the token table unless the LM head shares it (tied embeddings)."""
-        emb = model.get_input_embeddings()
-        if emb is not None and emb.weight is not model.lm_head.weight:
-            model.model.language_model.embed_tokens = None
-
     def probe_parts(self, model) -> ProbeParts:
         from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 

@@ -110,6 +110,31 @@ def build_processor(tokenizer, image_size: int, patch_size: int):
     )
 
 
+def build_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_size: int,
+                 layers: int | None = None):
+    """LlavaConfig of `preset` (no weights). `layers` overrides the number of decoder layers; the text vocab
+    is the preset's or the tokenizer size rounded up to 64 (as llava-hf pads 32002 -> 32064)."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+
+    p = PRESETS[preset]
+    text_kw = dict(p.text)
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"--layers must be >= 1, got {layers}")
+        text_kw["num_hidden_layers"] = layers
+    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
+    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
+                       initializer_range=p.init_range, tie_word_embeddings=False)
+    vision = CLIPVisionConfig(**p.vision, initializer_range=p.init_range)
+    config = LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token_id,
+        image_seq_length=(vision.image_size // vision.patch_size) ** 2,
+        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+    )
+    config.dtype = p.dtype
+    return config
+
+
 def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0) -> Path:
     """Write a random-weight LLaVA-1.5 checkpoint of `preset` into `output`; returns the directory.
 
@@ -117,33 +142,19 @@ def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | Non
     deterministic for a given seed.
     """
     import torch
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+    from transformers import LlavaForConditionalGeneration
 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
     p = PRESETS[preset]
     out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
 
     tok = train_tokenizer(vocab_size=p.tokenizer_vocab, seed=seed)
-    image_id, pad_id = tok.token_to_id("<image>"), tok.token_to_id("<pad>")
-    text_kw = dict(p.text)
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {layers}")
-        text_kw["num_hidden_layers"] = layers
-    text_kw.setdefault("vocab_size", _round_up(tok.get_vocab_size(), 64))
+    config = build_config(preset, tok.token_to_id("<image>"), tok.token_to_id("<pad>"), tok.get_vocab_size(), layers)
+    vision = config.vision_config
     dtype = getattr(torch, p.dtype)
-    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_id,
-                       initializer_range=p.init_range, tie_word_embeddings=False)
-    vision = CLIPVisionConfig(**p.vision, initializer_range=p.init_range)
-    config = LlavaConfig(
-        vision_config=vision, text_config=text, image_token_index=image_id,
-        image_seq_length=(vision.image_size // vision.patch_size) ** 2,
-        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
-    )
-    config.dtype = p.dtype
+    out.mkdir(parents=True, exist_ok=True)
     with _default_dtype(dtype), torch.no_grad():
         model = LlavaForConditionalGeneration(config)
         _randomize(model, p.init_range)

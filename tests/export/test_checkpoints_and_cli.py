@@ -42,6 +42,22 @@ def test_make_checkpoint_cli_layers_and_seed(tmp_path):
         make_checkpoint_main(["--layers", "0", "--output", str(tmp_path / "b")])
 
 
+def test_llava_7b_preset_has_the_real_widths():
+    """The latency preset matches llava-hf/llava-1.5-7b-hf's shapes (config only; no weights written)."""
+    from coverpruner.families import get_family
+    from coverpruner.testing.checkpoints import build_config
+
+    cfg = build_config("llava-1.5-7b", image_token_id=32000, pad_token_id=32001, tokenizer_size=1002, layers=2)
+    t, v = cfg.text_config, cfg.vision_config
+    assert (t.hidden_size, t.num_attention_heads, t.num_key_value_heads, t.intermediate_size, t.vocab_size) == \
+        (4096, 32, 32, 11008, 32064)
+    assert t.num_hidden_layers == 2 and t.max_position_embeddings == 4096
+    assert (v.hidden_size, v.num_hidden_layers, v.num_attention_heads, v.intermediate_size) == (1024, 24, 16, 4096)
+    assert (v.image_size, v.patch_size, v.hidden_act) == (336, 14, "quick_gelu")
+    assert get_family("llava").num_visual_tokens(cfg) == 576 == cfg.image_seq_length
+    assert build_config("llava-1.5-7b", 32000, 32001, 1002).text_config.num_hidden_layers == 32
+
+
 def _run_cli(args, env_extra):
     env = {**os.environ, **env_extra, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "coverpruner.export.cli", *args], capture_output=True, text=True,
@@ -79,3 +95,41 @@ def test_cli_exports_from_local_directory(tiny_checkpoint, tmp_path, capsys):
     man = json.loads((out / "manifest.json").read_text())
     assert list(man["graphs"]) == ["embed"] and man["source_model"] == str(tiny_checkpoint)
     assert "wrote embed" in capsys.readouterr().out
+
+
+def _fake_hf_cache(cache: Path, repo_id: str, files: dict[str, Path | str]) -> Path:
+    """The hub cache layout: models--org--name/{refs/main, snapshots/<commit>/...}. Returns the snapshot dir."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = repo / "snapshots" / commit
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    for name, src in files.items():
+        (snap / name).write_bytes(src.read_bytes() if isinstance(src, Path) else src.encode())
+    return snap
+
+
+def test_resolve_alias_and_repo_id_from_hf_cache(tiny_checkpoint, tmp_path):
+    from coverpruner.export.resolve import MissingModelError, resolve_model
+
+    cache = tmp_path / "hub"
+    files = {f.name: f for f in tiny_checkpoint.iterdir() if f.is_file()}
+    snap = _fake_hf_cache(cache, "llava-hf/llava-1.5-7b-hf", files)
+    assert resolve_model("llava-1.5-7b", cache_dir=str(cache)) == (snap, "llava-hf/llava-1.5-7b-hf")
+    assert resolve_model("llava-hf/llava-1.5-7b-hf", cache_dir=str(cache))[0] == snap
+
+    # A snapshot with the config but a missing weight shard is reported, not half-exported.
+    index = '{"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}'
+    _fake_hf_cache(cache, "llava-hf/llava-1.5-13b-hf", {"config.json": "{}", "model.safetensors.index.json": index,
+                                                        "model-00001-of-00002.safetensors": "x"})
+    with pytest.raises(MissingModelError, match=r"(?s)llava-1.5-13b-hf.*incomplete.*model-00002-of-00002.*"
+                                                r"huggingface-cli download llava-hf/llava-1.5-13b-hf"):
+        resolve_model("llava-1.5-13b", cache_dir=str(cache))
+
+
+def test_bad_cli_arguments_exit_2(tiny_checkpoint, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--graphs", "vision,foo"])
+    assert exc.value.code == 2
+    assert export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--opset", "16"]) == 2

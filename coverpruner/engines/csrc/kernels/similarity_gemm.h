@@ -1,0 +1,16 @@
+// Cosine-similarity GEMM of the CUDA coverage selector: M[b] = Vn[b] Vn[b]^T for a batch.
+// Host C++ around cuBLAS, kept apart from the kernels so those compile with the CUDA toolkit alone.
+#pragma once
+
+#include <string>
+
+namespace coverpruner
+{
+
+// normalized: [batch, n, d] float16 (fp16 == true) or float32, row-major, device; sim: [batch, n, n]
+// float32 device output. Accumulation is float32 for both input types. cublas: a cublasHandle_t or
+// nullptr for a per-thread handle; stream: a cudaStream_t. Returns CP_OK or CP_ERR_CUBLAS with *error set.
+int similarity_gemm(void* cublas, void* stream, void const* normalized, bool fp16, int batch, int n, int d,
+    float* sim, std::string* error);
+
+} // namespace coverpruner

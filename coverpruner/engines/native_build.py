@@ -1,0 +1,134 @@
+"""Find the toolchain for coverpruner/engines/csrc and build it with CMake.
+
+Used by `coverpruner-build --plugin auto`, by the CUDA selector wrapper (cuda_selector.py) and by the tests.
+Search order for each piece (first hit wins):
+- nvcc: $CUDACXX, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin.
+- cuBLAS headers: the CUDA toolkit's include/, $CUBLAS_INCLUDE_DIR, then pip's nvidia-cublas
+  (site-packages/nvidia/cu*/include, the wheel that ships cublas_v2.h without a full toolkit).
+- TensorRT headers: $TENSORRT_ROOT/include, JetPack's /usr/include/aarch64-linux-gnu, x86 debs'
+  /usr/include/x86_64-linux-gnu, /usr/include.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import site
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+CSRC_DIR = Path(__file__).resolve().parent / "csrc"
+SELECTOR_LIB = "libcoverpruner_selector.so"
+PLUGIN_LIB = "libcoverpruner_trt_plugin.so"
+
+
+class NativeBuildError(RuntimeError):
+    """CMake configure/build failed; the message carries the tool's output tail."""
+
+
+def find_nvcc() -> Path | None:
+    candidates = [os.environ.get("CUDACXX")]
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(str(Path(os.environ["CUDA_HOME"]) / "bin" / "nvcc"))
+    candidates += [shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"]
+    for c in candidates:
+        if c and Path(c).is_file() and os.access(c, os.X_OK):
+            return Path(c)
+    return None
+
+
+def find_cuda_include() -> Path | None:
+    """The CUDA toolkit's include/ (cuda_runtime_api.h): $CUDA_HOME, next to the real nvcc, /usr/local/cuda."""
+    candidates = []
+    if os.environ.get("CUDA_HOME"):
+        candidates.append(Path(os.environ["CUDA_HOME"]) / "include")
+    nvcc = find_nvcc()
+    if nvcc is not None:
+        candidates.append(nvcc.resolve().parent.parent / "include")
+    candidates.append(Path("/usr/local/cuda/include"))
+    for c in candidates:
+        if (c / "cuda_runtime_api.h").is_file():
+            return c
+    return None
+
+
+def _site_dirs() -> list[Path]:
+    dirs = [Path(p) for p in sys.path if p.endswith("site-packages")]
+    try:
+        dirs += [Path(p) for p in site.getsitepackages()]
+    except AttributeError:  # some virtualenv layouts
+        pass
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen and d.is_dir():
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def find_cublas() -> tuple[Path | None, Path | None]:
+    """(directory of cublas_v2.h, libcublas.so* path or None). The library is None when the toolkit's own
+    should be linked (CMake's CUDA::cublas finds it)."""
+    toolkit_include = find_cuda_include()
+    if toolkit_include is not None and (toolkit_include / "cublas_v2.h").is_file():
+        return toolkit_include, None
+    env = os.environ.get("CUBLAS_INCLUDE_DIR")
+    if env and (Path(env) / "cublas_v2.h").is_file():
+        return Path(env), None
+    for sp in _site_dirs():
+        for inc in sorted(sp.glob("nvidia/cu*/include"), reverse=True) + [sp / "nvidia" / "cublas" / "include"]:
+            if (inc / "cublas_v2.h").is_file():
+                libs = sorted(inc.parent.glob("lib/libcublas.so*"))
+                return inc, (libs[0] if libs else None)
+    return None, None
+
+
+def find_tensorrt_include() -> Path | None:
+    roots = []
+    if os.environ.get("TENSORRT_ROOT"):
+        roots.append(Path(os.environ["TENSORRT_ROOT"]) / "include")
+    roots += [Path("/usr/include/aarch64-linux-gnu"), Path("/usr/include/x86_64-linux-gnu"), Path("/usr/include")]
+    for r in roots:
+        if (r / "NvInferRuntime.h").is_file():
+            return r
+    return None
+
+
+@dataclass
+class NativeLibs:
+    build_dir: Path
+    selector: Path | None  # libcoverpruner_selector.so
+    plugin: Path | None  # libcoverpruner_trt_plugin.so (only where TensorRT headers were found)
+
+
+def build_native(build_dir: str | Path, cuda_architectures: str = "87;90", with_cuda: bool = True,
+                 tensorrt_root: str | Path | None = None, jobs: int = 2) -> NativeLibs:
+    """Configure and build csrc/ into build_dir (incremental). Returns the libraries that were built."""
+    build_dir = Path(build_dir)
+    if shutil.which("cmake") is None:
+        raise NativeBuildError("cmake not found on PATH (needed to build coverpruner/engines/csrc)")
+    args = ["cmake", "-S", str(CSRC_DIR), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+            f"-DCOVERPRUNER_WITH_CUDA={'ON' if with_cuda else 'OFF'}"]
+    if with_cuda:
+        nvcc = find_nvcc()
+        if nvcc is None:
+            raise NativeBuildError("nvcc not found ($CUDACXX, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin)")
+        args += [f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}"]
+        inc, lib = find_cublas()
+        if inc is None:
+            raise NativeBuildError("cublas_v2.h not found: install the CUDA toolkit's cuBLAS or "
+                                   "`pip install nvidia-cublas`, or set CUBLAS_INCLUDE_DIR")
+        args.append(f"-DCUBLAS_INCLUDE_DIR={inc}")
+        if lib is not None:
+            args.append(f"-DCUBLAS_LIBRARY={lib}")
+    if tensorrt_root is not None:
+        args.append(f"-DTENSORRT_ROOT={tensorrt_root}")
+    for cmd in (args, ["cmake", "--build", str(build_dir), "-j", str(jobs)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr)[-4000:]
+            raise NativeBuildError(f"{' '.join(cmd[:3])} failed (exit {proc.returncode}):\n{tail}")
+    sel, plug = build_dir / SELECTOR_LIB, build_dir / PLUGIN_LIB
+    return NativeLibs(build_dir, sel if sel.is_file() else None, plug if plug.is_file() else None)
