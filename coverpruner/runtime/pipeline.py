@@ -67,7 +67,12 @@ class TextStream:
 
 
 class Pipeline:
-    """Loaded engine dir: sessions for vision, embed, probe and decoder, tokenizer and settings."""
+    """Loaded engine dir: sessions for vision, embed, probe and decoder, tokenizer and settings.
+
+    One request at a time: the decoder's KV-cache buffers belong to the instance (use one Pipeline
+    per thread). Timings are wall-clock seconds; when streaming, ``decode`` also contains the time
+    the consumer spends between pieces.
+    """
 
     def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu"):
         self.manifest = manifest

@@ -117,3 +117,13 @@ def test_gpu_providers_match_cpu_tokens(tiny_export, pipe, demo_image, provider)
         a = gpu.generate(demo_image, Q, budget=budget, max_new_tokens=8)
         b = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=8)
         assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
+
+
+def test_unknown_family_in_manifest(engine_copy):
+    from coverpruner.runtime import ManifestError
+
+    m = json.loads((engine_copy / "manifest.json").read_text())
+    m["family"] = "qwen9"
+    (engine_copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ManifestError, match="unknown model family 'qwen9'"):
+        Pipeline.load(engine_copy)
