@@ -1,5 +1,9 @@
-"""Prompt -> token ids: chat template (jinja2), tokenization (``tokenizers``), image-token
-expansion and the instruction positions the probe reads.
+"""Prompt -> token ids, and generated ids -> text.
+
+Rendering the manifest's chat template (jinja2), expanding the image placeholder and locating the
+instruction tokens are the model family's layout rules (``coverpruner.families``, torch-free);
+this module loads tokenizer.json with ``tokenizers``, applies those rules, turns their failures into
+one-line PromptError/ManifestError, and detokenizes incrementally for streaming.
 
 Instruction positions (design note): the tokens whose non-empty character span (tokenizer
 offsets) overlaps the span of the user's prompt text inside the rendered chat template.
