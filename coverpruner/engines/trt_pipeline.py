@@ -3,9 +3,10 @@
     pipe = load_tensorrt_pipeline("llava7b", selector="onnx")     # same API as Pipeline.load
     print(pipe.generate("cat.jpg", "What is in the picture?", budget=64).text)
 
-Vision, embed, probe (and selector) run as TrtSession through Pipeline.load's `session_factory` hook; the
-decoder's KV-cache loop is replaced by TrtDecoderSession (the same reset/forward API as the runtime's ORT
-DecoderSession, with the cache in GPU buffers). Engines built for another TensorRT version or GPU are
+Every graph runs as a TrtSession through Pipeline.load's `session_factory` hook; the decoder's KV-cache loop is
+TrtDecoderSession (the same reset/forward API as the runtime's ORT DecoderSession, with the cache in GPU buffers),
+which Pipeline gets from TrtSession.decoder_loop. `Pipeline.load(DIR, provider="tensorrt")` and
+`coverpruner-run DIR --provider tensorrt` do the same when the manifest records engines. Engines built for another TensorRT version or GPU are
 refused before anything is loaded. coverpruner.runtime is imported lazily: it is a separate package layer.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .trt_session import TrtDecoderSession, TrtSessionFactory
+from .trt_session import TrtSessionFactory
 
 
 def load_tensorrt_pipeline(path: str | Path, verbose: bool = False, **load_kwargs):
@@ -24,11 +25,6 @@ def load_tensorrt_pipeline(path: str | Path, verbose: bool = False, **load_kwarg
     """
     from coverpruner.runtime.pipeline import Pipeline
 
-    factory = TrtSessionFactory(path, verbose=verbose)
-    # provider "cpu": the ORT-side choice only matters for the ORT decoder loop, which is replaced below
-    pipe = Pipeline.load(path, provider="cpu", session_factory=factory, **load_kwargs)
-    d = pipe.manifest.dims
-    pipe.decoder = TrtDecoderSession(pipe.sessions["decoder"], int(d["num_layers"]), int(d["num_kv_heads"]),
-                                     int(d["head_dim"]), int(d["vocab_size"]), pipe.float_dtype)
-    pipe.provider = "tensorrt-engines"
-    return pipe
+    # the decoder engine's TrtSession brings its own GPU KV-cache loop (TrtSession.decoder_loop)
+    return Pipeline.load(path, provider="tensorrt", session_factory=TrtSessionFactory(path, verbose=verbose),
+                         **load_kwargs)

@@ -104,6 +104,10 @@ class TrtSession:
         dtype = np.dtype(self.trt.module.nptype(self.engine.get_tensor_dtype(name)))
         return TensorInfo(name, tuple(self.engine.get_tensor_shape(name)), dtype)
 
+    def decoder_loop(self, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, dtype=np.float32):
+        """The runtime's hook: when this engine is the decoder, Pipeline runs its KV-cache loop on the GPU."""
+        return TrtDecoderSession(self, num_layers, num_kv_heads, head_dim, vocab_size, dtype)
+
     def get_inputs(self) -> list[TensorInfo]:
         return list(self._inputs)
 

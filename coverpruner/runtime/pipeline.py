@@ -94,15 +94,20 @@ class Pipeline:
         self.encoder = PromptEncoder(manifest.root / tok_file, manifest.chat_template, t["image_token_id"],
                                      self.num_visual_tokens, self.family)
         self.sessions = sessions
-        self.decoder = DecoderSession(
-            sessions["decoder"], int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]),
-            int(d["vocab_size"]), self.float_dtype, device_type(provider))
+        dims = (int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]), int(d["vocab_size"]))
+        # a session that brings its own KV-cache loop (native TensorRT engines keep the cache on the GPU)
+        # provides decoder_loop(); ORT sessions use the IO-binding loop
+        own_loop = getattr(sessions["decoder"], "decoder_loop", None)
+        self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
+                        else DecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
              session_factory: Callable | None = None, verify: bool = True, selector: str = "numpy") -> "Pipeline":
-        """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt' (ORT's TensorRT EP).
+        """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
+        engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
+        message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
 
         selector: 'numpy' (coverpruner.selection, default) or 'onnx' (the dir's selector.onnx runs the
         coverpruner method on the provider; baselines stay numpy).
@@ -116,15 +121,19 @@ class Pipeline:
             raise OptionError(f"unknown selector backend {selector!r}; expected 'numpy' or 'onnx'")
         manifest = load_manifest(Path(path), verify=verify)
         try:
+            if session_factory is None and provider == "tensorrt" and manifest.raw.get("tensorrt"):
+                from coverpruner.engines.trt_session import TrtSessionFactory  # torch-free; TensorRT lazily
+
+                session_factory = TrtSessionFactory(manifest.root)
             factory = session_factory or OrtSessionFactory(provider, threads)
-        except ProviderError as exc:
-            raise OptionError(str(exc)) from None
+        except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
+            raise OptionError(str(exc).splitlines()[0]) from None
         names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
         sessions = {}
         for name in names:
             try:
                 sessions[name] = factory(name, graph_spec(manifest, name).path)
-            except (RuntimeError, OSError) as exc:  # ORT could not build a session from a verified file
+            except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
                 raise ManifestError(str(exc).splitlines()[0]) from None
         return cls(manifest, sessions, provider)
 
