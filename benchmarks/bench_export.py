@@ -6,7 +6,7 @@ so its peak RSS (VmHWM) is that graph's alone; an "all" run exports every graph 
 `coverpruner-export` does. The checkpoint is written once (fp16 safetensors, like llava-hf) under
 benchmarks/work/. Heavy (~1B parameters): run it under the shared lock.
 
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_export.py            # 2 layers, fp32 + fp16
+    python benchmarks/bench_export.py            # 2 layers, fp32 + fp16
     python benchmarks/bench_export.py --layers 1 --dtypes fp16 --graphs embed      # smaller smoke run
 Writes benchmarks/results/export_llava-1.5-7b_<L>l.json and prints a table.
 """
@@ -107,7 +107,7 @@ def main() -> None:
                   flush=True)
     result = {
         "benchmark": "export",
-        "command": "flock /tmp/coverpruner-heavy.lock python benchmarks/bench_export.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/bench_export.py " + " ".join(sys.argv[1:]),
         "preset": "llava-1.5-7b", "layers": args.layers,
         "checkpoint_safetensors_gib": ckpt_bytes / 2**30,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version()},

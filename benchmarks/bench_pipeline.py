@@ -9,8 +9,8 @@ select, prefill and per-token decode. Checks, all from the same run:
   (c) the speed-up projected to the real 32-layer decoder, 32 x per-layer prefill at full over
       32 x per-layer prefill at the budget + probe + select, printed beside the ideal.
 
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_pipeline.py            # ~2 GB checkpoint, ~4 GB
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_pipeline.py --quick    # 1 repeat
+    python benchmarks/bench_pipeline.py            # ~2 GB checkpoint, ~4 GB
+    python benchmarks/bench_pipeline.py --quick    # 1 repeat
 
 The checkpoint (coverpruner-make-checkpoint --preset llava-1.5-7b --layers 2) and its fp32 engine dir are
 built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.

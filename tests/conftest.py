@@ -2,13 +2,12 @@
 
 `tiny_checkpoint` -> Path of a llava-hf-format checkpoint (preset "tiny": 144 visual tokens, Llama with
 GQA 4 heads / 2 kv heads, 2 layers, hidden 64, locally trained BPE tokenizer).
-`tiny_export` -> Path of its engine dir (fp32; every graph whose builder is installed; manifest.json).
+`tiny_export` -> Path of its engine dir (fp32; all five graphs; manifest.json).
 Both take a few seconds and are reused by the export and runtime tests.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -22,20 +21,10 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("tiny_checkpoint"), preset="tiny", seed=0)
 
 
-def exportable_graphs() -> tuple[str, ...]:
-    """All graphs, minus the selector while its builder (coverpruner.export.selector_graph) is absent."""
-    from coverpruner.export.exporter import GRAPHS
-
-    if importlib.util.find_spec("coverpruner.export.selector_graph") is None:
-        return tuple(g for g in GRAPHS if g != "selector")
-    return GRAPHS
-
-
 @pytest.fixture(scope="session")
 def tiny_export(tiny_checkpoint, tmp_path_factory) -> Path:
     from coverpruner.export.exporter import ExportOptions, export_model
 
     out = tmp_path_factory.mktemp("tiny_export")
-    export_model(tiny_checkpoint, out, "tiny", ExportOptions(dtype="fp32", graphs=exportable_graphs(),
-                                                             progress=False))
+    export_model(tiny_checkpoint, out, "tiny", ExportOptions(dtype="fp32", progress=False))
     return out

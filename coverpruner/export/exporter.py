@@ -98,14 +98,11 @@ def _example_inputs(name: str, dims: dict, dtype):
 
 
 def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> SavedGraph:
-    try:
-        from coverpruner.export.selector_graph import build_selector_model
-    except ImportError as exc:
-        raise ExportError("selector.onnx: the selector graph builder (coverpruner.export.selector_graph) is not "
-                          "available in this installation; export without it with --graphs") from exc
+    from coverpruner.export.selector_graph import build_selector_model
+
     try:
         model = build_selector_model(float_dtype=float_dtype, opset=opts.opset, form=opts.selector_form)
-    except (ImportError, ValueError) as exc:
+    except ValueError as exc:
         raise ExportError(f"selector.onnx (--selector {opts.selector_form}): {exc}") from exc
     return save_proto(model, out_dir / "selector.onnx", external_data=opts.external_data == "always")
 
