@@ -23,6 +23,22 @@ FORMS = ("loop", "plugin")
 _FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
+def selector_inputs(float_dtype: str) -> list[onnx.ValueInfoProto]:
+    """The selector contract's inputs (docs/engine-dir.md), shared by the loop and plugin forms."""
+    if float_dtype not in _FLOAT_TYPES:
+        raise ValueError(f"float_dtype must be one of {sorted(_FLOAT_TYPES)}, got {float_dtype!r}")
+    return [
+        helper.make_tensor_value_info("image_features", _FLOAT_TYPES[float_dtype], ["n", "d"]),
+        helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["n"]),
+        helper.make_tensor_value_info("budget", TensorProto.INT64, []),
+        helper.make_tensor_value_info("tau", TensorProto.FLOAT, []),
+    ]
+
+
+def selector_outputs() -> list[onnx.ValueInfoProto]:
+    return [helper.make_tensor_value_info("keep", TensorProto.INT64, ["m"])]
+
+
 def _const(name: str, value, dtype=None) -> onnx.NodeProto:
     arr = np.asarray(value, dtype=dtype)
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
@@ -80,8 +96,7 @@ def _loop_body() -> onnx.GraphProto:
 
 def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
     """The standard-op selector graph (see module docstring for the contract)."""
-    if float_dtype not in _FLOAT_TYPES:
-        raise ValueError(f"float_dtype must be one of {sorted(_FLOAT_TYPES)}, got {float_dtype!r}")
+    inputs = selector_inputs(float_dtype)  # validates float_dtype
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
     n = helper.make_node
@@ -152,13 +167,8 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
     graph = helper.make_graph(
         nodes,
         "coverage_selector",
-        inputs=[
-            helper.make_tensor_value_info("image_features", _FLOAT_TYPES[float_dtype], ["n", "d"]),
-            helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("budget", TensorProto.INT64, []),
-            helper.make_tensor_value_info("tau", TensorProto.FLOAT, []),
-        ],
-        outputs=[helper.make_tensor_value_info("keep", TensorProto.INT64, ["m"])],
+        inputs=inputs,
+        outputs=selector_outputs(),
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
                               producer_name="coverpruner")

@@ -19,6 +19,8 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from .selector_graph import selector_inputs, selector_outputs
+
 # Must equal kPluginName / kPluginVersion / kPluginNamespace / kOnnxDomain in selector_plugin_core.h
 # (tests/engines/test_selector_plugin_model.py reads the header and compares).
 PLUGIN_OP = "CoverageSelector"
@@ -29,7 +31,6 @@ PLUGIN_NAMESPACE = ""
 PLUGIN_DOMAIN = "trt.plugins"
 DEFAULT_OPT_BUDGET = 64
 
-_FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
 def build_selector_plugin_model(float_dtype: str = "float32", opset: int = 17,
@@ -40,8 +41,6 @@ def build_selector_plugin_model(float_dtype: str = "float32", opset: int = 17,
     opt_budget: the keep length TensorRT plans memory and kernels for (the plugin's `opt_budget` field);
     any budget still runs, up to n.
     """
-    if float_dtype not in _FLOAT_TYPES:
-        raise ValueError(f"float_dtype must be one of {sorted(_FLOAT_TYPES)}, got {float_dtype!r}")
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
     if isinstance(opt_budget, bool) or not isinstance(opt_budget, int) or opt_budget < 1:
@@ -59,13 +58,8 @@ def build_selector_plugin_model(float_dtype: str = "float32", opset: int = 17,
     graph = helper.make_graph(
         [node],
         "coverage_selector_plugin",
-        inputs=[
-            helper.make_tensor_value_info("image_features", _FLOAT_TYPES[float_dtype], ["n", "d"]),
-            helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("budget", TensorProto.INT64, []),
-            helper.make_tensor_value_info("tau", TensorProto.FLOAT, []),
-        ],
-        outputs=[helper.make_tensor_value_info("keep", TensorProto.INT64, ["m"])],
+        inputs=selector_inputs(float_dtype),
+        outputs=selector_outputs(),
         value_info=[helper.make_tensor_value_info("keep_length", TensorProto.INT64, [])],
     )
     model = helper.make_model(

@@ -155,11 +155,13 @@ __device__ int block_rank(bool flag, int* warp_counts /* [33] shared */, int* to
     return rank;
 }
 
-// Block-wide max of a double; every thread gets it.
-__device__ double block_max(double v, double* scratch /* [32] shared */)
+// Block-wide reduction with a binary op (fmax for doubles, min for ints); every thread gets the result.
+// scratch: one slot per warp in shared memory (>= 32).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, T* scratch, Op op)
 {
     for (int off = 16; off > 0; off >>= 1)
-        v = fmax(v, __shfl_down_sync(kFullMask, v, off));
+        v = op(v, __shfl_down_sync(kFullMask, v, off));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0)
         scratch[warp] = v;
@@ -168,7 +170,7 @@ __device__ double block_max(double v, double* scratch /* [32] shared */)
     {
         const int warps = (blockDim.x + 31) >> 5;
         for (int w = 1; w < warps; ++w)
-            scratch[0] = fmax(scratch[0], scratch[w]);
+            scratch[0] = op(scratch[0], scratch[w]);
     }
     __syncthreads();
     v = scratch[0];
@@ -176,26 +178,14 @@ __device__ double block_max(double v, double* scratch /* [32] shared */)
     return v;
 }
 
-// Block-wide min of an int; every thread gets it.
-__device__ int block_min_int(int v, int* scratch /* [33] shared */)
+struct MaxOp
 {
-    for (int off = 16; off > 0; off >>= 1)
-        v = min(v, __shfl_down_sync(kFullMask, v, off));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0)
-        scratch[warp] = v;
-    __syncthreads();
-    if (threadIdx.x == 0)
-    {
-        const int warps = (blockDim.x + 31) >> 5;
-        for (int w = 1; w < warps; ++w)
-            scratch[0] = min(scratch[0], scratch[w]);
-    }
-    __syncthreads();
-    v = scratch[0];
-    __syncthreads();
-    return v;
-}
+    __device__ double operator()(double a, double b) const { return fmax(a, b); }
+};
+struct MinOp
+{
+    __device__ int operator()(int a, int b) const { return min(a, b); }
+};
 
 namespace greedy = coverpruner::greedy;
 using greedy::ProblemView;
@@ -216,8 +206,8 @@ struct DeviceBlock
     __device__ void sync() { __syncthreads(); }
     __device__ float sum(float v) { return block_sum(v, f_lo); }
     __device__ void min_max(float& lo, float& hi) { block_min_max(lo, hi, f_lo, f_hi); }
-    __device__ double max(double v) { return block_max(v, d); }
-    __device__ int min_int(int v) { return block_min_int(v, i); }
+    __device__ double max(double v) { return block_reduce(v, d, MaxOp{}); }
+    __device__ int min_int(int v) { return block_reduce(v, i, MinOp{}); }
     __device__ int rank(bool flag, int* total) { return block_rank(flag, warp_counts, total); }
 };
 
