@@ -35,6 +35,9 @@ STAGES = ("vision", "embed", "probe", "select", "prefill")
 REAL_LAYERS = 32
 
 
+GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
+
+
 def prepare(workdir: Path, layers: int, dtype: str) -> Path:
     """Shape-real checkpoint + engine dir under workdir (built once, reused); returns the engine dir."""
     ckpt = workdir / f"llava-1.5-7b-{layers}l"
@@ -44,12 +47,14 @@ def prepare(workdir: Path, layers: int, dtype: str) -> Path:
 
         print(f"writing checkpoint {ckpt}", flush=True)
         write_checkpoint(ckpt, preset="llava-1.5-7b", layers=layers, seed=0)
-    if not (engine / "manifest.json").is_file():
+    manifest = engine / "manifest.json"
+    missing = GRAPHS if not manifest.is_file() else [g for g in GRAPHS if g not in json.loads(manifest.read_text())["graphs"]]
+    if missing:  # a re-export of some graphs keeps the others in the manifest
         from coverpruner.export.exporter import ExportOptions, export_model
 
-        print(f"exporting {engine}", flush=True)
+        print(f"exporting {', '.join(missing)} to {engine}", flush=True)
         export_model(ckpt, engine, f"llava-1.5-7b preset, {layers} layers, random weights",
-                     ExportOptions(dtype=dtype, graphs=("vision", "embed", "probe", "decoder"), progress=False))
+                     ExportOptions(dtype=dtype, graphs=tuple(missing), progress=False))
     return engine
 
 
@@ -214,6 +219,7 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
         "preset": "llava-1.5-7b" if args.engine is None else str(args.engine), "layers": args.layers, "precision": args.dtype, "method": args.method,
+        "selector_backend": pipe.selector_backend,
         "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},

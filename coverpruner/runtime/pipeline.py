@@ -66,6 +66,9 @@ class TextStream:
         self.result = yield from self._gen
 
 
+SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
+
+
 class Pipeline:
     """Loaded engine dir: sessions for vision, embed, probe and decoder, tokenizer and settings.
 
@@ -104,22 +107,29 @@ class Pipeline:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
-             session_factory: Callable | None = None, verify: bool = True, selector: str = "numpy") -> "Pipeline":
+             session_factory: Callable | None = None, verify: bool = True, selector: str = "auto") -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
         engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
         message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
 
-        selector: 'numpy' (coverpruner.selection, default) or 'onnx' (the dir's selector.onnx runs the
-        coverpruner method on the provider; baselines stay numpy).
+        selector: how the coverpruner method runs. 'onnx': the dir's selector.onnx on the provider (same
+        indices as coverpruner.selection up to float near-ties); 'numpy': coverpruner.selection; 'auto'
+        (default): 'onnx' when the dir has a standard-op (loop) selector.onnx, else 'numpy'. On CPU the ONNX
+        path also keeps the prefill fast: numpy's OpenBLAS threads keep spinning for tens of milliseconds
+        after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
+        a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
         session_factory(name, path) -> session replaces the ORT factory (e.g. native TensorRT engines).
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
-        if selector not in ("numpy", "onnx"):
-            raise OptionError(f"unknown selector backend {selector!r}; expected 'numpy' or 'onnx'")
+        if selector not in SELECTOR_BACKENDS:
+            raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
         manifest = load_manifest(Path(path), verify=verify)
+        if selector == "auto":
+            has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
+            selector = "onnx" if has_loop else "numpy"
         try:
             if session_factory is None and provider == "tensorrt" and manifest.raw.get("tensorrt"):
                 from coverpruner.engines.trt_session import TrtSessionFactory  # torch-free; TensorRT lazily

@@ -88,19 +88,24 @@ def test_eos_stops_unless_ignored(engine_copy, demo_image):
     assert r.token_ids == first and r.finish_reason == "length"
 
 
-def test_onnx_selector_backend_keeps_same_tokens(tiny_export, pipe, demo_image):
-    import json as _json
-
-    if "selector" not in _json.loads((tiny_export / "manifest.json").read_text())["graphs"]:
-        pytest.skip("engine dir has no selector.onnx (its builder is not installed)")
-    onnx_pipe = Pipeline.load(tiny_export, selector="onnx")
-    assert onnx_pipe.selector_backend == "onnx" and pipe.selector_backend == "numpy"
+def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, demo_image, engine_copy):
+    assert pipe.selector_backend == "onnx", "auto picks the dir's loop-form selector.onnx"
+    numpy_pipe = Pipeline.load(tiny_export, selector="numpy")
+    assert numpy_pipe.selector_backend == "numpy"
     for budget in (64, 16):
-        a = onnx_pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
-        b = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
+        a = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
+        b = numpy_pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
         assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
     with pytest.raises(OptionError, match="unknown selector backend"):
         Pipeline.load(tiny_export, selector="cuda-kernel")
+    # a dir exported without selector.onnx (or with the TensorRT-only plugin form) selects in numpy
+    manifest = json.loads((engine_copy / "manifest.json").read_text())
+    manifest["selector_form"] = "plugin"
+    (engine_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert Pipeline.load(engine_copy).selector_backend == "numpy"
+    del manifest["graphs"]["selector"]
+    (engine_copy / "manifest.json").write_text(json.dumps(manifest))
+    assert Pipeline.load(engine_copy).selector_backend == "numpy"
 
 
 @pytest.mark.gpu
