@@ -156,14 +156,15 @@ def test_decoder_kv_loop_matches_onnxruntime(built_dir, trt_module):
 
 
 def test_pipeline_on_engines_answers_like_onnxruntime(built_dir, trt_module):
-    """The runtime's Pipeline on TensorRT engines generates the ORT CPU pipeline's tokens (greedy)."""
-    pipeline_mod = pytest.importorskip("coverpruner.runtime.pipeline", reason="coverpruner.runtime not present")
+    """The runtime's Pipeline on TensorRT engines generates the ORT CPU pipeline's tokens (greedy), whether
+    opened through load_tensorrt_pipeline or Pipeline.load(provider="tensorrt")."""
     from coverpruner.engines.trt_pipeline import load_tensorrt_pipeline
+    from coverpruner.runtime import Pipeline
 
     image = (np.random.default_rng(3).random((200, 240, 3)) * 255).astype(np.uint8)
-    want = pipeline_mod.Pipeline.load(built_dir, provider="cpu").generate(image, "What is shown?", budget=16,
-                                                                          max_new_tokens=8, ignore_eos=True)
-    got = load_tensorrt_pipeline(built_dir).generate(image, "What is shown?", budget=16, max_new_tokens=8,
-                                                     ignore_eos=True)
-    np.testing.assert_array_equal(got.kept_indices, want.kept_indices)
-    assert got.token_ids == want.token_ids
+    want = Pipeline.load(built_dir, provider="cpu").generate(image, "What is shown?", budget=16,
+                                                             max_new_tokens=8, ignore_eos=True)
+    for pipe in (load_tensorrt_pipeline(built_dir), Pipeline.load(built_dir, provider="tensorrt")):
+        got = pipe.generate(image, "What is shown?", budget=16, max_new_tokens=8, ignore_eos=True)
+        np.testing.assert_array_equal(got.kept_indices, want.kept_indices)
+        assert got.token_ids == want.token_ids

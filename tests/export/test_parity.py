@@ -67,7 +67,6 @@ def test_probe_matches_hf_eager_layer0_attention(tiny_export, tiny_checkpoint, h
 
 
 def test_selector_matches_selection(tiny_export, hf_model, request_inputs):
-    pytest.importorskip("coverpruner.export.selector_graph", reason="selector graph builder not merged yet")
     from coverpruner.selection import coverage_select
 
     feats = _image_features_hf(hf_model, request_inputs.pixel_values)[0]
