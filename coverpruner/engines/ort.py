@@ -51,6 +51,37 @@ def ort_providers(provider: str) -> list[str]:
     return [p for p in wanted if p in available]
 
 
+def tensorrt_ep_options(manifest: dict, graph: str, cache_dir: str | os.PathLike) -> dict[str, str]:
+    """ORT TensorRT EP options for one graph of an engine dir.
+
+    Engines and the timing cache persist in ``cache_dir``; fp16 follows the manifest's precision; every input
+    with a symbolic axis gets an explicit optimization profile (trt_profile_min/opt/max_shapes) over the same
+    axis ranges as `coverpruner-build`, so the EP builds one engine per graph up front instead of rebuilding
+    each time a sequence length leaves the shapes it has seen.
+    """
+    from .tensorrt import BuildOptions, axis_ranges, input_profile  # no TensorRT import: plain shape rules
+
+    spec = manifest["graphs"][graph]
+    ranges = axis_ranges(manifest, BuildOptions())
+    profiles: dict[str, list[str]] = {"min": [], "opt": [], "max": []}
+    for inp in spec["inputs"]:
+        if all(isinstance(axis, int) for axis in inp["shape"]):
+            continue  # static (or a scalar such as the selector's budget): no profile entry
+        prof = input_profile(graph, inp, ranges)
+        for key in profiles:
+            profiles[key].append(f"{inp['name']}:" + "x".join(str(v) for v in prof[key]))
+    options = {
+        "trt_engine_cache_enable": "True",
+        "trt_engine_cache_path": str(cache_dir),
+        "trt_timing_cache_enable": "True",
+        "trt_timing_cache_path": str(cache_dir),
+        "trt_fp16_enable": "True" if manifest.get("precision") == "fp16" else "False",
+    }
+    if profiles["min"]:
+        options.update({f"trt_profile_{key}_shapes": ",".join(val) for key, val in profiles.items()})
+    return options
+
+
 def device_type(provider: str) -> str:
     """The ORT device type ('cpu' or 'cuda') where a provider keeps its tensors for IO binding."""
     return "cpu" if provider == "cpu" else "cuda"
@@ -91,10 +122,16 @@ def make_session(
     threads: int | None = None,
     optimization: str = "all",
     spin: bool = True,
+    trt_options: dict[str, str] | None = None,
 ) -> ort.InferenceSession:
-    """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt')."""
+    """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt').
+
+    trt_options: TensorRT EP provider options (see tensorrt_ep_options), used when provider is 'tensorrt'.
+    """
     path = Path(path)
     providers = ort_providers(provider)
+    if provider == "tensorrt" and trt_options:
+        providers = [(p, trt_options) if p == "TensorrtExecutionProvider" else p for p in providers]
     options = session_options(threads, optimization, spin)
     if not path.is_file():
         raise FileNotFoundError(f"graph file not found: {path}")
@@ -118,9 +155,18 @@ class OrtSessionFactory:
     optimization: str = "all"
     #: graphs run back to back in the decode loop; the others run once and are followed by numpy work
     spinning_graphs: tuple = ("embed", "decoder")
+    #: the engine dir's manifest: with provider 'tensorrt' it gives the EP its profiles and precision
+    manifest: dict | None = None
+    #: where the TensorRT EP keeps engines and timing cache (default: <engine dir>/ort_trt_cache)
+    trt_cache_dir: Path | None = None
 
     def __post_init__(self) -> None:
         ort_providers(self.provider)  # fail early with the clear message
 
     def __call__(self, name: str, path: Path) -> ort.InferenceSession:
-        return make_session(path, self.provider, self.threads, self.optimization, name in self.spinning_graphs)
+        trt = None
+        if self.provider == "tensorrt" and self.manifest is not None:
+            cache = self.trt_cache_dir or Path(path).parent / "ort_trt_cache"
+            trt = tensorrt_ep_options(self.manifest, name, cache)
+        return make_session(path, self.provider, self.threads, self.optimization, name in self.spinning_graphs,
+                            trt)

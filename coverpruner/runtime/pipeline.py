@@ -135,7 +135,7 @@ class Pipeline:
                 from coverpruner.engines.trt_session import TrtSessionFactory  # torch-free; TensorRT lazily
 
                 session_factory = TrtSessionFactory(manifest.root)
-            factory = session_factory or OrtSessionFactory(provider, threads)
+            factory = session_factory or OrtSessionFactory(provider, threads, manifest=manifest.raw)
         except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
             raise OptionError(str(exc).splitlines()[0]) from None
         names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
