@@ -213,7 +213,11 @@ class TrtSessionFactory:
         self.manifest = json.loads(manifest_path.read_text())
         self.trt = trt or load_tensorrt(self.manifest.get("tensorrt", {}).get("flavour"))
         self.section = self.manifest.get("tensorrt")
-        check_engine_compat(self.section, self.trt.flavour, self.trt.version, detect_compute_capability())
+        compute_capability = detect_compute_capability()
+        check_engine_compat(self.section, self.trt.flavour, self.trt.version, compute_capability)
+        if compute_capability is None:  # engines built without a GPU (TensorRT-RTX) still need one to run
+            raise EngineMismatchError(f"{self.engine_dir}: TensorRT engines run on a CUDA GPU and none is usable "
+                                      "here (no CUDA device or driver); use provider 'cpu' or 'cuda' instead")
         plugin = self.section.get("plugin")
         self.plugin = self.engine_dir / plugin["file"] if plugin else None
         self.verbose = verbose

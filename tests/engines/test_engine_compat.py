@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -100,3 +101,18 @@ def test_missing_plugin_library_is_named(tmp_path):
 
     with pytest.raises(TensorRTBuildError, match=r"plugin library .*missing.so does not exist"):
         load_plugin_library(TrtModule(module=None, flavour="tensorrt", version="10.3.0"), tmp_path / "missing.so")
+
+
+@pytest.mark.tensorrt
+def test_engines_need_a_usable_gpu_to_run(tiny_export, tmp_path):
+    """Built here by TensorRT-RTX without a GPU: loading them names the missing GPU, not a version mismatch."""
+    pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX bindings to build engines without a GPU")
+    from coverpruner.engines.tensorrt import BuildOptions, build_engine_dir, detect_compute_capability
+    from coverpruner.engines.trt_session import TrtSessionFactory
+
+    if detect_compute_capability() is not None:
+        pytest.skip("a CUDA GPU is usable here; the GPU tests cover running engines")
+    engine_dir = shutil.copytree(tiny_export, tmp_path / "engine")
+    build_engine_dir(engine_dir, BuildOptions(graphs=("embed",)))
+    with pytest.raises(EngineMismatchError, match="TensorRT engines run on a CUDA GPU and none is usable here"):
+        TrtSessionFactory(engine_dir)
