@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coverpruner.filehash import sha256_file
+
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
 ENGINE_SUFFIX = ".engine"
@@ -177,14 +179,6 @@ def input_profile(graph: str, spec: dict, ranges: dict[str, tuple[int, int, int]
 def budget_profile(options: BuildOptions) -> dict[str, list[int]]:
     """Values the selector's `budget` shape tensor may take: min, first (opt) and max of the budgets."""
     return {"min": [min(options.budgets)], "opt": [options.budgets[0]], "max": [max(options.budgets)]}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _logger(trt: TrtModule, verbose: bool):

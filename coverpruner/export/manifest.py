@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import coverpruner
-from coverpruner.export.onnx_io import SavedGraph, describe_io, sha256
+from coverpruner.export.onnx_io import SavedGraph, describe_io
+from coverpruner.filehash import sha256_file
 
 FORMAT = "coverpruner-engine-dir"
 FORMAT_VERSION = 1
@@ -20,8 +21,8 @@ def graph_entry(saved: SavedGraph) -> dict:
     return {
         "file": saved.onnx_file.name,
         "data_files": list(saved.data_files),
-        "sha256": sha256(saved.onnx_file),
-        "data_sha256": {f: sha256(d / f) for f in saved.data_files},
+        "sha256": sha256_file(saved.onnx_file),
+        "data_sha256": {f: sha256_file(d / f) for f in saved.data_files},
         "opset": opset,
         "inputs": inputs,
         "outputs": outputs,

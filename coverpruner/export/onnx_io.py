@@ -9,7 +9,6 @@ natively; other opsets go through the ONNX version converter, and a request it c
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import warnings
 from dataclasses import dataclass
@@ -95,14 +94,6 @@ def check(onnx_file: Path) -> None:
         onnx.checker.check_model(str(onnx_file))
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"{onnx_file.name}: onnx.checker failed: {exc}") from exc
-
-
-def sha256(path: Path, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def describe_io(onnx_file: Path) -> tuple[int, list[dict], list[dict]]:

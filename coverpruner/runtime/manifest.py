@@ -9,13 +9,13 @@ forces a fresh hash.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coverpruner.filehash import sha256_file
 from coverpruner.runtime.errors import ManifestError
 
 FORMAT_NAME = "coverpruner-engine-dir"
@@ -102,18 +102,6 @@ def _tensor_specs(root: Path, gname: str, kind: str, items) -> tuple[TensorSpec,
         _require(root, item, ("name", "dtype", "shape"), f"graphs.{gname}.{kind}[{i}]")
         specs.append(TensorSpec(item["name"], item["dtype"], tuple(item["shape"])))
     return tuple(specs)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in ``chunk``-byte pieces (constant memory for multi-GiB files)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(chunk)
-            if not block:
-                break
-            h.update(block)
-    return h.hexdigest()
 
 
 def _stat_key(path: Path) -> list:

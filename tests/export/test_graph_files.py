@@ -9,7 +9,8 @@ import onnx
 import pytest
 
 from coverpruner.export.exporter import ExportOptions, export_model
-from coverpruner.export.onnx_io import ExportError, sha256
+from coverpruner.export.onnx_io import ExportError
+from coverpruner.filehash import sha256_file
 from tests.export.conftest import ort_session
 
 pytestmark = pytest.mark.slow
@@ -31,7 +32,7 @@ def test_every_graph_passes_checker_and_manifest_hashes(tiny_export):
     for name, entry in man["graphs"].items():
         path = tiny_export / entry["file"]
         onnx.checker.check_model(str(path))
-        assert entry["sha256"] == sha256(path)
+        assert entry["sha256"] == sha256_file(path)
         assert [i["name"] for i in entry["inputs"]] == CONTRACT[name][0]
         assert [o["name"] for o in entry["outputs"]] == CONTRACT[name][1]
         assert entry["opset"] >= 17
@@ -68,7 +69,7 @@ def test_external_data_and_stale_data_removed_on_reexport(tiny_checkpoint, tmp_p
     for g in ("embed", "probe"):
         entry = man["graphs"][g]
         assert entry["data_files"] == [f"{g}.onnx.data"]
-        assert entry["data_sha256"][f"{g}.onnx.data"] == sha256(out / f"{g}.onnx.data")
+        assert entry["data_sha256"][f"{g}.onnx.data"] == sha256_file(out / f"{g}.onnx.data")
         onnx.checker.check_model(str(out / f"{g}.onnx"))  # resolves the external data by path
     ids = np.array([[1, 5, 9, 1000, 3]], np.int64)
     (emb,) = ort_session(out / "embed.onnx").run(None, {"input_ids": ids})

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from coverpruner.runtime.errors import ManifestError
-from coverpruner.runtime.manifest import load_manifest, sha256_file
+from coverpruner.filehash import sha256_file
+from coverpruner.runtime.manifest import load_manifest
 
 GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
 
