@@ -114,6 +114,22 @@ struct ThreadBlock
     }
 };
 
+// The greedy's per-problem work arrays for one problem of n tokens, owned on the host.
+struct HostScratch
+{
+    std::vector<float> w, c, old_c, new_c;
+    std::vector<double> gain;
+    std::vector<int> rows;
+    std::vector<unsigned char> sel;
+    coverpruner::greedy::Scratch view; // declared last: initialised from the vectors above
+
+    explicit HostScratch(int n)
+        : w(n), c(n), old_c(n), new_c(n), gain(n), rows(n), sel(n)
+        , view{w.data(), c.data(), gain.data(), rows.data(), old_c.data(), new_c.data(), sel.data()}
+    {
+    }
+};
+
 } // namespace
 
 // Same as cp_greedy_host with a block of `threads` host threads.
@@ -121,12 +137,8 @@ extern "C" int cp_greedy_host_threads(float const* A, float const* relevance, in
     int64_t* keep, int threads)
 {
     using namespace coverpruner::greedy;
-    std::vector<float> w(n), c(n), old_c(n), new_c(n);
-    std::vector<double> gain(n);
-    std::vector<int> rows(n);
-    std::vector<unsigned char> sel(n);
-    Scratch s{w.data(), c.data(), gain.data(), rows.data(), old_c.data(), new_c.data(), sel.data()};
-    ProblemView const p(A, s, 0, n);
+    HostScratch scratch(n);
+    ProblemView const p(A, scratch.view, 0, n);
     const int m = keep_count(budget, n);
     bool done = false;
     auto run = [&](auto&& body) {
@@ -158,12 +170,8 @@ extern "C" int cp_greedy_host_threads(float const* A, float const* relevance, in
 extern "C" int cp_greedy_host(float const* A, float const* relevance, int n, int64_t budget, float tau, int64_t* keep)
 {
     using namespace coverpruner::greedy;
-    std::vector<float> w(n), c(n), old_c(n), new_c(n);
-    std::vector<double> gain(n);
-    std::vector<int> rows(n);
-    std::vector<unsigned char> sel(n);
-    Scratch s{w.data(), c.data(), gain.data(), rows.data(), old_c.data(), new_c.data(), sel.data()};
-    ProblemView const p(A, s, 0, n);
+    HostScratch scratch(n);
+    ProblemView const p(A, scratch.view, 0, n);
     HostBlock blk;
     const int m = keep_count(budget, n);
     if (prepare(blk, relevance, tau, p, n, m, keep))
