@@ -39,6 +39,9 @@ class ExportOptions:
     selector_form: str = "loop"
     external_data: str = "auto"
     progress: bool = True
+    #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
+    #: options not given keep the family's own defaults
+    family_options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +63,23 @@ def _param_bytes(module) -> int:
 
 def _use_external(mode: str, nbytes: int) -> bool:
     return mode == "always" or (mode == "auto" and nbytes > EXTERNAL_DATA_BYTES)
+
+
+class OptionValueError(ExportError):
+    """A --option names an option the family does not have, or a value it does not allow."""
+
+
+def family_option_defaults(family, given: dict) -> dict:
+    """Validated {option: value} for the manifest's `options`; OptionValueError (one line) otherwise."""
+    known = {o.name: o for o in family.request_options}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise OptionValueError(f"--option: model family {family.name!r} has no option(s) {unknown}; it takes "
+                               f"{sorted(known) or 'none'}")
+    try:
+        return {name: known[name].validate(value) for name, value in given.items()}
+    except ValueError as exc:
+        raise OptionValueError(f"--option: {str(exc).splitlines()[0]}") from None
 
 
 def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> SavedGraph:
@@ -100,12 +120,12 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
         raise ExportError(f"--graphs: unknown graph(s) {unknown}; expected a subset of {list(GRAPHS)}")
     if opts.dtype not in DTYPES:
         raise ExportError(f"--dtype: expected one of {list(DTYPES)}, got {opts.dtype!r}")
+    config = _read_config(model_dir)
+    family = family_for_model_type(config.model_type)
+    option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
     output.mkdir(parents=True, exist_ok=True)
     for g in opts.graphs:
         remove_graph_files(output / f"{g}.onnx")
-
-    config = _read_config(model_dir)
-    family = family_for_model_type(config.model_type)
     torch_dtype = getattr(torch, DTYPES[opts.dtype])
     order = [g for g in GRAPHS if g in opts.graphs]
     stages = ["load"] + order + ["manifest"]
@@ -164,6 +184,7 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
         versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                   "onnxruntime": onnxruntime.__version__, "opset": opts.opset},
     )
+    manifest["options"] = {**manifest.get("options", {}), **option_defaults}
     write_manifest(output, manifest)
     bar.update()
     bar.close()

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import Manifest, graph_spec, load_manifest, position_ids_input
+from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_manifest, position_ids_input
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
@@ -150,7 +150,7 @@ class Pipeline:
             factory = session_factory or OrtSessionFactory(provider, threads, manifest=manifest.raw)
         except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
             raise OptionError(str(exc).splitlines()[0]) from None
-        names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
+        names = REQUIRED_GRAPHS + (("selector",) if selector == "onnx" else ())
         sessions = {}
         for name in names:
             try:
