@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coverpruner.families import family_for_model_type, get_family, resolve_alias
+from coverpruner.families import family_for_model_type, family_names, get_family, resolve_alias
 from coverpruner.families.base import (
     instruction_positions_from_offsets,
     render_chat_template,
@@ -132,3 +132,13 @@ def test_llava_prepare_image_equals_hf_and_gives_crop_geometry(hf_processor, tin
     s = min(h, w)  # shortest edge -> 168, then a 168 x 168 center crop: a centred s x s square of the original
     left, top = (w - s) / 2, (h - s) / 2
     np.testing.assert_allclose(panel.box, (left, top, left + s, top + s), atol=w / 168 + h / 168)
+
+
+@pytest.mark.parametrize("name", family_names())
+def test_every_registered_family_meets_the_contract(name):
+    """Each adapter has every Family member; its request options are valid Python keywords with a default
+    that validates (the Pipeline falls back to it)."""
+    fam = get_family(name)
+    assert isinstance(fam, Family) and fam.name == name
+    for opt in fam.request_options:
+        assert opt.name.isidentifier() and opt.validate(opt.default) == opt.default
