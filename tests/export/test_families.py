@@ -142,3 +142,14 @@ def test_every_registered_family_meets_the_contract(name):
     assert isinstance(fam, Family) and fam.name == name
     for opt in fam.request_options:
         assert opt.name.isidentifier() and opt.validate(opt.default) == opt.default
+
+
+def test_crop_box_with_pad_to_square():
+    """do_pad (LLaVA's 'pad' aspect mode): a 200 x 100 image is padded to a 200 x 200 square (50 px above and
+    below), resized to 168 and kept whole, so the grid covers y -50..150 of the original."""
+    from coverpruner.families.llava import crop_box
+    from coverpruner.runtime.preprocess import ImageSettings
+
+    s = ImageSettings(shortest_edge=168, crop_height=168, crop_width=168, do_pad=True)
+    np.testing.assert_allclose(crop_box(200, 100, s), (0, -50, 200, 150))
+    np.testing.assert_allclose(crop_box(100, 200, s), (-50, 0, 150, 200))
