@@ -6,6 +6,9 @@ a struct with null bytes is read from ``path`` relative to the parquet file. ``-
 folder: a folder contributes the ``*.parquet`` files of the task's split (``<split>-*.parquet``, inside the
 config's folder when the dataset has configs, e.g. ``Full/adversarial-00000-of-00001.parquet``).
 
+The datasets library's cache (``~/.cache/huggingface/datasets/...``, Arrow IPC stream files
+``<name>-<split>*.arrow``) is read too: pass its folder.
+
 JSONL: one object per line with the same field names; ``image`` is a path (absolute, or relative to the
 JSONL file's folder). GQA rows name their image with ``image`` (JSONL) or ``imageId`` (parquet; looked up in
 the ``testdev_balanced_images`` table, given with ``--images`` or found next to the instructions).
@@ -43,24 +46,31 @@ class Sample:
     by_id: bool = False  # image is an id into a separate images table (GQA parquet)
 
 
-def _parquet_files(task: TaskSpec, path: Path) -> list[Path]:
+def _of_split(name: str, split: str) -> bool:
+    """Hub parquet "<split>-00000-of-00003.parquet" / "<split>.parquet"; datasets-cache arrow
+    "<builder>-<split>.arrow" / "<builder>-<split>-00000-of-00003.arrow"."""
+    stem = name.rsplit(".", 1)[0]
+    return stem == split or stem.startswith(f"{split}-") or f"-{split}-" in stem or stem.endswith(f"-{split}")
+
+
+def _table_files(task: TaskSpec, path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise DataError(f"{path}: no such file or folder")
     root = path / task.config_dir if task.config_dir and (path / task.config_dir).is_dir() else path
-    files = sorted(root.rglob("*.parquet"))
-    split = [f for f in files if f.name.startswith(f"{task.split}-") or f.stem == task.split]
+    files = sorted(root.rglob("*.parquet")) or sorted(root.rglob("*.arrow"))
+    split = [f for f in files if _of_split(f.name, task.split)]
     if not files:
-        raise DataError(f"{path}: no .parquet or .jsonl data for task {task.name}")
+        raise DataError(f"{path}: no .parquet or .arrow files for task {task.name}")
     if not split:
-        raise DataError(f"{root}: no parquet file of split {task.split!r} (expected {task.split}-*.parquet; "
+        raise DataError(f"{root}: no file of split {task.split!r} (expected {task.split}-*.parquet; "
                         f"found {', '.join(f.name for f in files[:5])})")
     return split
 
 
 def _image_column(task: TaskSpec, jsonl: bool) -> str:
-    return "imageId" if task.name == "gqa" and not jsonl else "image"
+    return task.image_id_column if task.image_id_column and not jsonl else "image"
 
 
 def data_files(task: TaskSpec, path: Path) -> list[Path]:
@@ -70,7 +80,7 @@ def data_files(task: TaskSpec, path: Path) -> list[Path]:
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         return [path]
-    return _parquet_files(task, path)
+    return _table_files(task, path)
 
 
 def _required(task: TaskSpec, image_col: str | None) -> tuple:
@@ -81,24 +91,34 @@ def _missing_column(where: str, col: str, task: TaskSpec, required: tuple) -> Da
     return DataError(f"{where}: missing column {col!r} (task {task.name} needs {', '.join(required)})")
 
 
-def _read_parquet(task: TaskSpec, file: Path, required: tuple):
-    """(row, doc) for each row of one parquet file: the required columns and the optional ones present."""
+def _open_table(file: Path):
+    """(column names, batches(columns) -> iterator of record batches) for a parquet or arrow file."""
     try:
+        import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:  # pragma: no cover - the eval extra brings pyarrow
         raise DataError("reading parquet needs pyarrow: pip install 'coverpruner[eval]'") from None
+    kind = "arrow" if file.suffix == ".arrow" else "parquet"
     try:
-        pf = pq.ParquetFile(file)
+        if kind == "parquet":
+            pf = pq.ParquetFile(file)
+            return pf.schema_arrow.names, lambda cols: pf.iter_batches(batch_size=64, columns=cols)
+        reader = pa.ipc.open_stream(pa.memory_map(str(file)))  # the datasets cache writes IPC streams
+        return reader.schema.names, lambda cols: (b.select(cols) for b in reader)
     except Exception as exc:  # pyarrow raises several types for a broken file
-        raise DataError(f"{file}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
-    names = set(pf.schema_arrow.names)
+        raise DataError(f"{file}: not a readable {kind} file ({str(exc).splitlines()[0]})") from None
+
+
+def _read_table(task: TaskSpec, file: Path, required: tuple):
+    """(row, doc) for each row of one parquet/arrow file: the required columns and the optional ones present."""
+    names, batches = _open_table(file)
     for col in required:
         if col not in names:
             raise _missing_column(str(file), col, task, required)
     cols = list(required) + [c for c in task.optional if c in names]
     row = 0
     try:
-        for batch in pf.iter_batches(batch_size=64, columns=cols):
+        for batch in batches(cols):
             for doc in batch.to_pylist():
                 yield row, doc
                 row += 1
@@ -141,7 +161,7 @@ def load_samples(task: TaskSpec, path, need_image: bool = True, limit: int | Non
     required = _required(task, image_col)
     samples, problems, seen, position = [], [], {}, -1
     for file in files:
-        rows = _read_jsonl(task, file, required, problems) if jsonl else _read_parquet(task, file, required)
+        rows = _read_jsonl(task, file, required, problems) if jsonl else _read_table(task, file, required)
         for row, doc in rows:
             position += 1
             where = f"{file} row {row}"
@@ -155,7 +175,7 @@ def load_samples(task: TaskSpec, path, need_image: bool = True, limit: int | Non
                 seen[key] = k + 1
                 key = f"{key}#{k}"
             image = doc.pop(image_col) if image_col else None
-            samples.append(Sample(key, doc, image, where, file.parent, image_col == "imageId"))
+            samples.append(Sample(key, doc, image, where, file.parent, image_col == task.image_id_column))
             if limit is not None and len(samples) >= limit:
                 return samples, problems
     if not samples:
