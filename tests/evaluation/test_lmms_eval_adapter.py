@@ -55,6 +55,7 @@ def fake_lmms_eval(tmp_path, monkeypatch):
 
     adapter = importlib.reload(adapter)  # forget a class built against another lmms_eval
     yield adapter
+    vars(adapter).pop(adapter.CLASS_NAME, None)  # the class built on the stand-in must not outlive it
     for name in [n for n in sys.modules if n == "lmms_eval" or n.startswith("lmms_eval.")]:
         sys.modules.pop(name, None)
 
