@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from coverpruner.evaluation.data import ImageTable, Sample, find_gqa_images, load_samples, open_image
+from coverpruner.evaluation.data import DataError, ImageTable, Sample, find_gqa_images, load_samples, open_image
 from coverpruner.evaluation.files import JsonlAppender, read_jsonl, write_json
 from coverpruner.evaluation.scoring import reference, score_samples
 from coverpruner.evaluation.tasks import TaskSpec
@@ -92,7 +92,10 @@ class Runner:
                     "max_new_tokens": max_new_tokens, "tau": self.s.tau, "greedy": True}
         path = self.dir / "run.json"
         if path.exists():
-            old = json.loads(path.read_text())
+            try:
+                old = json.loads(path.read_text())
+            except ValueError:
+                raise DataError(f"{path}: not valid JSON; remove it or use another --out") from None
             for key, value in settings.items():
                 if old.get(key) != value:
                     raise OptionError(f"{path}: these predictions were made with {key}={old.get(key)!r}, "
@@ -127,7 +130,7 @@ class Runner:
         self._check_run_file(max_new)
         configs = configurations(self.s.budgets, self.s.methods)
         pred_path = self.dir / "predictions.jsonl"
-        done = {(r["question_id"], str(r["budget"]), r["method"]) for r in read_jsonl(pred_path, repair=True)}
+        done = {(r["question_id"], str(r["budget"]), r["method"]) for r in self._predictions(repair=True)}
         todo = [(s, [c for c in configs if (s.key, str(c[0]), c[1]) not in done]) for s in samples]
         todo = [(s, cs) for s, cs in todo if cs]
         total = sum(len(cs) for _, cs in todo)
@@ -158,6 +161,12 @@ class Runner:
             bar.close()
         return self.write_metrics(samples, configs)
 
+    def _predictions(self, repair: bool = False) -> list[dict]:
+        try:
+            return read_jsonl(self.dir / "predictions.jsonl", repair=repair)
+        except ValueError as exc:  # a broken line before the last one: not a killed run, a damaged file
+            raise DataError(str(exc)) from None
+
     def _report(self, line: str) -> None:
         self.problems.append(line)
         self.warn(f"coverpruner-eval: skipped: {line}")
@@ -171,7 +180,7 @@ class Runner:
 
     def write_metrics(self, samples: list[Sample], configs: list[tuple]) -> list[dict]:
         """Score every configuration from predictions.jsonl; one metrics JSON each (atomic)."""
-        records = read_jsonl(self.dir / "predictions.jsonl")
+        records = self._predictions()
         out = []
         for budget, method in configs:
             rows = [r for r in records if str(r["budget"]) == str(budget) and r["method"] == method]
