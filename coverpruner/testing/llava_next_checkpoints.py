@@ -1,0 +1,138 @@
+"""Random-weight LLaVA-NeXT checkpoints (llava-hf `LlavaNextForConditionalGeneration`), written locally.
+
+Same recipe as coverpruner/testing/checkpoints.py (LLaVA-1.5): a real fast tokenizer trained with
+`tokenizers`, the llava-hf chat template, random weights, everything through `save_pretrained` so
+`AutoProcessor` / `LlavaNextForConditionalGeneration` load the directory like a hub checkpoint.
+
+Presets:
+  llava-next-tiny  CLIP 84px/14 tiles (6x6 = 36 patches + CLS), anyres pinpoints scaled from llava-v1.6
+                   (1x2, 2x1, 2x2, 3x1, 1x3 tiles: non-square grids, 1-4 grid tiles + the base image),
+                   Llama with grouped-query attention (4 heads, 2 kv heads), hidden 64. At most
+                   36 + 12*12 + 12 = 192 visual rows per image. For tests (seconds).
+  llava-next-7b    real widths of llava-hf/llava-v1.6-vicuna-7b-hf (CLIP ViT-L/14-336, pinpoints up to
+                   672x672 -> 576 + 48*48 + 48 = 2,928 rows, 2,880 candidates; vicuna-7b hidden 4096,
+                   32 heads, intermediate 11008, vocab 32064), `layers` decoder layers (default 32) and
+                   `vision_layers` CLIP layers (default 24), fp16 weights; for latency work.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coverpruner.testing.checkpoints import (
+    LLAVA_HF_CHAT_TEMPLATE,
+    Preset,
+    _default_dtype,
+    _randomize,
+    _round_up,
+)
+from coverpruner.testing.tokenizer import train_tokenizer
+
+# llava-v1.6 pinpoints, (height, width) in pixels, as multiples of the tile size.
+_V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
+
+NEXT_PRESETS: dict[str, Preset] = {
+    "llava-next-tiny": Preset(
+        vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                    image_size=84, patch_size=14, projection_dim=64, hidden_act="quick_gelu"),
+        text=dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5),
+        tokenizer_vocab=1000,
+        dtype="float32",
+        init_range=0.1,  # wider than HF's 0.02 so attention and greedy tokens are far from uniform
+        extra=dict(grids=_V16_GRIDS),
+    ),
+    "llava-next-7b": Preset(
+        vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                    image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu",
+                    layer_norm_eps=1e-5),
+        text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                  num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, vocab_size=32064),
+        tokenizer_vocab=1000,
+        dtype="float16",
+        init_range=0.02,
+        extra=dict(grids=_V16_GRIDS),
+    ),
+}
+
+
+def pinpoints(preset: str) -> list[list[int]]:
+    """image_grid_pinpoints of `preset`: [[height, width], ...] in pixels."""
+    p = NEXT_PRESETS[preset]
+    tile = p.vision["image_size"]
+    return [[gh * tile, gw * tile] for gh, gw in p.extra["grids"]]
+
+
+def build_next_processor(tokenizer, image_size: int, patch_size: int, grid_pinpoints: list[list[int]]):
+    """LlavaNextProcessor: PIL image backend (no torchvision here), fast tokenizer, llava-hf template.
+
+    num_additional_image_tokens=1: with the "default" strategy the processor subtracts one token for the
+    CLS it assumes was counted; without it the placeholder count is one short of the model's features.
+    """
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor, PreTrainedTokenizerFast
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        model_max_length=4096, padding_side="left",
+    )
+    fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_processor = LlavaNextImageProcessorPil(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
+        image_grid_pinpoints=grid_pinpoints, do_center_crop=True, do_resize=True, do_rescale=True,
+        do_normalize=True, do_convert_rgb=True, do_pad=True, resample=3,
+    )
+    return LlavaNextProcessor(
+        image_processor=image_processor, tokenizer=fast, patch_size=patch_size,
+        vision_feature_select_strategy="default", chat_template=LLAVA_HF_CHAT_TEMPLATE,
+        image_token="<image>", num_additional_image_tokens=1,
+    )
+
+
+def build_next_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_size: int,
+                      layers: int | None = None, vision_layers: int | None = None):
+    """LlavaNextConfig of `preset` (no weights); `layers` / `vision_layers` override the layer counts."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig
+
+    p = NEXT_PRESETS[preset]
+    text_kw, vision_kw = dict(p.text), dict(p.vision)
+    for flag, value, kw in (("--layers", layers, text_kw), ("--vision-layers", vision_layers, vision_kw)):
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+            kw["num_hidden_layers"] = value
+    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
+    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
+                       initializer_range=p.init_range, tie_word_embeddings=False)
+    vision = CLIPVisionConfig(**vision_kw, initializer_range=p.init_range)
+    config = LlavaNextConfig(
+        vision_config=vision, text_config=text, image_token_index=image_token_id,
+        image_grid_pinpoints=pinpoints(preset), image_seq_length=(vision.image_size // vision.patch_size) ** 2,
+        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+    )
+    config.dtype = p.dtype
+    return config
+
+
+def write_next_checkpoint(output: str | Path, preset: str = "llava-next-tiny", layers: int | None = None,
+                          seed: int = 0, vision_layers: int | None = None) -> Path:
+    """Write a random-weight LLaVA-NeXT checkpoint of `preset` into `output` (image_newline random too)."""
+    import torch
+    from transformers import LlavaNextForConditionalGeneration
+
+    if preset not in NEXT_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(NEXT_PRESETS)}")
+    p = NEXT_PRESETS[preset]
+    out = Path(output)
+    torch.manual_seed(seed)
+    tok = train_tokenizer(vocab_size=p.tokenizer_vocab, seed=seed)
+    config = build_next_config(preset, tok.token_to_id("<image>"), tok.token_to_id("<pad>"), tok.get_vocab_size(),
+                               layers, vision_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    with _default_dtype(getattr(torch, p.dtype)), torch.no_grad():
+        model = LlavaNextForConditionalGeneration(config)
+        _randomize(model, p.init_range)
+    model.save_pretrained(out)
+    del model
+    v = config.vision_config
+    build_next_processor(tok, v.image_size, v.patch_size, config.image_grid_pinpoints).save_pretrained(out)
+    return out
