@@ -93,15 +93,23 @@ def _round_up(x: int, multiple: int) -> int:
     return (x + multiple - 1) // multiple * multiple
 
 
-def build_processor(tokenizer, image_size: int, patch_size: int):
-    """LlavaProcessor (PIL image backend, fast tokenizer, llava-hf chat template) for `tokenizer`."""
-    from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
+def fast_tokenizer(tokenizer):
+    """PreTrainedTokenizerFast over a trained `tokenizers.Tokenizer`, with the LLaVA specials declared."""
+    from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
         model_max_length=4096, padding_side="left",
     )
     fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    return fast
+
+
+def build_processor(tokenizer, image_size: int, patch_size: int):
+    """LlavaProcessor (PIL image backend, fast tokenizer, llava-hf chat template) for `tokenizer`."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    fast = fast_tokenizer(tokenizer)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
         do_center_crop=True, do_resize=True, do_rescale=True, do_normalize=True, do_convert_rgb=True,

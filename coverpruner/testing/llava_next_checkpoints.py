@@ -21,10 +21,12 @@ from pathlib import Path
 
 from coverpruner.testing.checkpoints import (
     LLAVA_HF_CHAT_TEMPLATE,
+    PRESETS,
     Preset,
     _default_dtype,
     _randomize,
     _round_up,
+    fast_tokenizer,
 )
 from coverpruner.testing.tokenizer import train_tokenizer
 
@@ -32,26 +34,16 @@ from coverpruner.testing.tokenizer import train_tokenizer
 _V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
 
 NEXT_PRESETS: dict[str, Preset] = {
+    # LLaVA-1.5's tiny model with 84-px tiles (6 x 6 patches), so a 2x2 grid stays small.
     "llava-next-tiny": Preset(
-        vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                    image_size=84, patch_size=14, projection_dim=64, hidden_act="quick_gelu"),
-        text=dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5),
-        tokenizer_vocab=1000,
-        dtype="float32",
-        init_range=0.1,  # wider than HF's 0.02 so attention and greedy tokens are far from uniform
+        vision={**PRESETS["tiny"].vision, "image_size": 84}, text=PRESETS["tiny"].text,
+        tokenizer_vocab=PRESETS["tiny"].tokenizer_vocab, dtype="float32", init_range=PRESETS["tiny"].init_range,
         extra=dict(grids=_V16_GRIDS),
     ),
+    # llava-v1.6-vicuna-7b has llava-1.5-7b's widths (CLIP ViT-L/14-336 + vicuna-7b); only the anyres grid differs.
     "llava-next-7b": Preset(
-        vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                    image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu",
-                    layer_norm_eps=1e-5),
-        text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, vocab_size=32064),
-        tokenizer_vocab=1000,
-        dtype="float16",
-        init_range=0.02,
-        extra=dict(grids=_V16_GRIDS),
+        vision=PRESETS["llava-1.5-7b"].vision, text=PRESETS["llava-1.5-7b"].text, tokenizer_vocab=1000,
+        dtype="float16", init_range=0.02, extra=dict(grids=_V16_GRIDS),
     ),
 }
 
@@ -69,13 +61,9 @@ def build_next_processor(tokenizer, image_size: int, patch_size: int, grid_pinpo
     num_additional_image_tokens=1: with the "default" strategy the processor subtracts one token for the
     CLS it assumes was counted; without it the placeholder count is one short of the model's features.
     """
-    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor, PreTrainedTokenizerFast
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
 
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
-        model_max_length=4096, padding_side="left",
-    )
-    fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    fast = fast_tokenizer(tokenizer)
     image_processor = LlavaNextImageProcessorPil(
         size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
         image_grid_pinpoints=grid_pinpoints, do_center_crop=True, do_resize=True, do_rescale=True,
