@@ -182,6 +182,10 @@ struct MaxOp
 {
     __device__ double operator()(double a, double b) const { return fmax(a, b); }
 };
+struct PlusOp
+{
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
 struct MinOp
 {
     __device__ int operator()(int a, int b) const { return min(a, b); }
@@ -206,6 +210,7 @@ struct DeviceBlock
     __device__ void sync() { __syncthreads(); }
     __device__ float sum(float v) { return block_sum(v, f_lo); }
     __device__ void min_max(float& lo, float& hi) { block_min_max(lo, hi, f_lo, f_hi); }
+    __device__ double sum_d(double v) { return block_reduce(v, d, PlusOp{}); }
     __device__ double max(double v) { return block_reduce(v, d, MaxOp{}); }
     __device__ int min_int(int v) { return block_reduce(v, i, MinOp{}); }
     __device__ int rank(bool flag, int* total) { return block_rank(flag, warp_counts, total); }
