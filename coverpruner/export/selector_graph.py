@@ -5,8 +5,9 @@ Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int
 Output  keep [m] int64, ascending, m = min(budget, n)
 
 Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop runs exactly
-min(budget, n) iterations (a trip count and no termination condition, so every scan output has that length), and
-there is no NonZero. Ties go to the lowest index without relying on ArgMax's tie order: among gains within
+min(budget, n) iterations (trip count min(budget, n); its condition is the constant true passed through the body
+unchanged, so there is no early exit and the scan output always has the trip count's length), and there is no
+NonZero. Ties go to the lowest index without relying on ArgMax's tie order: among gains within
 tie_rtol(n, float32) * best of the best (coverpruner.selection's rule with a float32 window of at most 8 ulps),
 the maximum of `is_best * (n - index)` is unique. Everything runs in float32 and the gains are recomputed from
 scratch every step; the numpy reference runs in float64, so only genuine float32 near-ties (gains within a few
@@ -77,7 +78,7 @@ def _loop_body() -> onnx.GraphProto:
         n("Reshape", ["c_next", "shape_1_neg"], ["c_out"]),
         n("Equal", ["index_row", "k_2d"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
-        n("Identity", ["cond_in"], ["cond_out"]),  # required by the body signature; the Loop has no condition
+        n("Identity", ["cond_in"], ["cond_out"]),  # never false: no early exit
         n("Identity", ["k"], ["k_out"]),
     ]
     return helper.make_graph(
@@ -119,6 +120,7 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("shape_col", [-1, 1], np.int64),
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
+        _const("true", True, np.bool_),
         # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
         n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
         n("Mul", ["v", "v"], ["v_sq"]),
@@ -161,8 +163,10 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
-        # trip count only, no condition (""): exactly min(budget, n) iterations, so `picks` has that length
-        n("Loop", ["trip_count", "", "c0", "taken0"], ["c_final", "taken_final", "picks"],
+        # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
+        # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
+        # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
+        n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],
           body=_loop_body()),
         # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable
         n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),
