@@ -145,7 +145,6 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
     }
     const double w_sum = static_cast<double>(blk.sum(w_part));
     g0 = blk.max(g0);
-    const double rtol = (n + 1.0) * DBL_EPSILON;
     const double atol = kZeroUlps * DBL_EPSILON * w_sum;
     // The incremental gains lie within (2n + m + 2) u g0 of the exact sums (g0 = largest first gain, u =
     // eps / 2): a gain more than this margin below the incremental best can be neither the exact best nor
@@ -196,7 +195,7 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
             if (!p.sel[k])
                 best = fmax(best, p.gain[k]);
         best = blk.max(best);
-        const double threshold = best - (rtol * fabs(best) + atol);
+        const double threshold = best - ((n + 1.0) * DBL_EPSILON * fabs(best) + atol);
         int first = INT_MAX;
         for (int k = tid; k < n && first == INT_MAX; k += nthreads)
             if (!p.sel[k] && p.gain[k] >= threshold)
