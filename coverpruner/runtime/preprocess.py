@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -108,8 +109,10 @@ def load_image(image) -> Image.Image:
             img = Image.open(path)
             img.load()  # decode now so truncated files fail here, not deep inside resize
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(f"image {path} exceeds PIL's decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} pixels "
-                         f"(PIL.Image.MAX_IMAGE_PIXELS): {exc}") from None
+        size = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
+        raise ImageError(f"image {path} has {pixels}, over the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} "
+                         "pixels (PIL.Image.MAX_IMAGE_PIXELS)") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError,
             KeyError, TypeError, MemoryError) as exc:
         # what PIL's decoders raise on malformed files (EOFError, struct.error, IndexError, ... from plugins)
