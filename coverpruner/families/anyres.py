@@ -22,8 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from coverpruner.runtime.errors import ImageError, ManifestError
-from coverpruner.runtime.preprocess import ImageSettings, _to_rgb, load_image, preprocess_image
+from coverpruner.errors import ManifestError
+
+# The image loading and the CLIP float steps live in coverpruner/runtime/ (bit-equal to HF's PIL processors);
+# they are imported inside the run-time functions so exporting (which reads AnyresSettings) stays runtime-free.
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,8 @@ def geometry(height: int, width: int, s: AnyresSettings) -> AnyresGeometry:
     """AnyresGeometry of an H x W image. Unpadding follows HF's unpad_image exactly: the scale from the
     side that fills the grid, `int(round(x, 7))`, and a symmetric cut of (cur - new)//2 on each side."""
     if height < 1 or width < 1:
+        from coverpruner.runtime.errors import ImageError
+
         raise ImageError(f"image has no pixels ({width}x{height})")
     best = best_resolution(height, width, s.pinpoints)
     gh, gw = best[0] // s.tile, best[1] // s.tile
@@ -202,6 +206,9 @@ def prepare_tiles(image, s: AnyresSettings) -> tuple[np.ndarray, AnyresGeometry]
 
     T = 1 + gh*gw: the base image first, then the tiles row-major (HF's order).
     """
+    from coverpruner.runtime.errors import ImageError
+    from coverpruner.runtime.preprocess import ImageSettings, _to_rgb, load_image, preprocess_image
+
     img = load_image(image)
     try:
         rgb = _to_rgb(img)  # uint8 [H,W,3], alpha composited on white like HF's convert_to_rgb
@@ -244,20 +251,3 @@ def pack_features(features: np.ndarray, geo: AnyresGeometry, newline: np.ndarray
     return np.concatenate([features[0], grid])
 
 
-NEWLINE_POLICIES = ("drop", "keep")
-
-
-def kept_rows(newline_mask: np.ndarray, keep: np.ndarray, policy: str) -> np.ndarray:
-    """Rows of the image span that stay in the pruned sequence, ascending (native order).
-
-    newline_mask: bool [rows]; keep: int [m] candidate indices in [0, n) (n = rows - newlines), as the
-    selector returns them; policy "drop" keeps the kept candidates only, "keep" adds every newline row.
-    Returns int64 [m] or [m + newlines].
-    """
-    if policy not in NEWLINE_POLICIES:
-        raise ValueError(f"unknown newline policy {policy!r}; expected one of {list(NEWLINE_POLICIES)}")
-    candidates = np.flatnonzero(~newline_mask)
-    rows = candidates[np.asarray(keep, dtype=np.int64)]
-    if policy == "keep":
-        rows = np.union1d(rows, np.flatnonzero(newline_mask))
-    return np.sort(rows).astype(np.int64)

@@ -2,6 +2,8 @@
 
 `next_checkpoint` -> llava-hf-format LLaVA-NeXT checkpoint (preset "llava-next-tiny": 84-px tiles of
 6x6 patches, pinpoints 1x2/2x1/2x2/3x1/1x3 tiles, Llama GQA 4/2 heads, hidden 64, local BPE tokenizer).
+`next_export` -> its fp32 engine dir (export takes about a minute on 2 busy cores: built once per session);
+`next_pipe` -> Pipeline.load of it.
 """
 
 from __future__ import annotations
@@ -39,11 +41,36 @@ def next_hf_model(next_checkpoint):
 
 
 @pytest.fixture(scope="session")
+def next_eager_model(next_checkpoint):
+    """The HF model with eager attention (output_attentions for the layer-0 demand reference)."""
+    from transformers import LlavaNextForConditionalGeneration
+
+    return LlavaNextForConditionalGeneration.from_pretrained(str(next_checkpoint), attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="session")
+def next_export(next_checkpoint, tmp_path_factory) -> Path:
+    """fp32 engine dir of the tiny NeXT checkpoint (all graphs, manifest v2, image_newline.npy)."""
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    out = tmp_path_factory.mktemp("next_export")
+    export_model(next_checkpoint, out, "llava-next-tiny", ExportOptions(dtype="fp32", progress=False))
+    return out
+
+
+@pytest.fixture(scope="session")
+def next_pipe(next_export):
+    from coverpruner.runtime import Pipeline
+
+    return Pipeline.load(next_export)
+
+
+@pytest.fixture(scope="session")
 def next_settings(next_checkpoint):
     from coverpruner.families import get_family
+    from coverpruner.families.anyres import AnyresSettings
 
-    fam = get_family("llava_next")
-    return fam.anyres_settings(fam.processor_settings(next_checkpoint))
+    return AnyresSettings.from_dict(get_family("llava_next").processor_settings(next_checkpoint))
 
 
 def smooth_image(width: int, height: int, seed: int = 0):

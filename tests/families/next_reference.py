@@ -132,3 +132,19 @@ def pruned_generate(model, eager_model, req: NativeRequest, budget, method, newl
         out = model.generate(inputs_embeds=pruned, attention_mask=torch.ones(pruned.shape[:2], dtype=torch.long),
                              max_new_tokens=max_new_tokens, do_sample=False)
     return out[0].tolist(), keep, relevance
+
+
+def forced_first_token_generate(model, req: NativeRequest, first: int, max_new_tokens: int) -> list[int]:
+    """HF prefill of the unpruned request, then `first` as the first answer token and greedy after it, each
+    decode step a plain HF forward with input_ids and the cache (no pixel_values: the id is embedded as text)."""
+    with torch.no_grad():
+        out = model(**req.inputs, use_cache=True)
+        tokens, cache = [first], out.past_key_values
+        length = req.ids.shape[0]
+        while len(tokens) < max_new_tokens:
+            length += 1
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=cache,
+                        attention_mask=torch.ones(1, length, dtype=torch.long), use_cache=True)
+            cache = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens

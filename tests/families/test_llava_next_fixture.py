@@ -17,7 +17,8 @@ def test_tiny_fixture_is_gqa_with_non_square_grids(next_checkpoint):
     assert cfg.text_config.num_key_value_heads < cfg.text_config.num_attention_heads
     assert [84, 168] in cfg.image_grid_pinpoints and [252, 84] in cfg.image_grid_pinpoints
     fam = get_family("llava_next")
-    assert fam.dims(cfg)["max_tiles"] == 5 and fam.num_visual_tokens(cfg) == 36 + 12 * 13
+    s = fam.anyres(cfg)
+    assert s.max_tiles == 5 and s.max_rows == 36 + 12 * 13 and fam.num_visual_tokens(cfg) == 36 + 144
 
 
 def test_shape_real_7b_preset_has_vicuna_and_clip_l336_widths():
@@ -28,7 +29,8 @@ def test_shape_real_7b_preset_has_vicuna_and_clip_l336_widths():
         (4096, 32, 11008, 32064, 2)
     assert (v.hidden_size, v.image_size, v.patch_size, v.num_hidden_layers) == (1024, 336, 14, 4)
     assert [672, 672] in cfg.image_grid_pinpoints
-    assert get_family("llava_next").num_visual_tokens(cfg) == 576 + 48 * 49  # 2,928 rows, 2,880 candidates
+    fam = get_family("llava_next")
+    assert fam.num_visual_tokens(cfg) == 2880 and fam.anyres(cfg).max_rows == 576 + 48 * 49  # 2,928 rows
 
 
 def test_cli_rejects_bad_layer_counts_with_one_line(tmp_path, capsys):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from coverpruner.families import get_family, resolve_alias
+from coverpruner.families.base import render_image_prompt, tokenize_layout
 from coverpruner.families.anyres import AnyresSettings, geometry, prepare_tiles
 from coverpruner.runtime.errors import ImageError, ManifestError
 from tests.families.conftest import IMAGE_SIZES, smooth_image
@@ -42,9 +43,10 @@ def test_prompt_layout_equals_hf_processor(next_checkpoint, next_processor, next
     text = next_processor.apply_chat_template(messages, add_generation_prompt=True)
     ids = next_processor(images=img, text=text, return_tensors="np")["input_ids"][0]
     geo = geometry(h, w, next_settings)
-    rendered = fam.render_prompt(fam.chat_template(next_checkpoint), PROMPT, geo.num_rows)
+    # the runtime's layout: LLaVA's template rules with <image> expanded to the span's rows
+    rendered = render_image_prompt(fam.chat_template(next_checkpoint), PROMPT, "<image>", geo.num_rows)
     tok = Tokenizer.from_file(str(next_checkpoint / "tokenizer.json"))
-    layout = fam.native_layout(tok, rendered, next_processor.image_token_id, geo.num_rows)
+    layout = tokenize_layout(tok, rendered, next_processor.image_token_id, geo.num_rows)
     np.testing.assert_array_equal(layout.input_ids, ids)
     assert tok.decode(layout.input_ids[layout.instruction_positions].tolist()) == PROMPT
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from coverpruner.families import get_family
 from coverpruner.families.anyres import geometry, pack_features, prepare_tiles
 from tests.families.conftest import IMAGE_SIZES, smooth_image
 
@@ -14,21 +13,10 @@ from tests.families.conftest import IMAGE_SIZES, smooth_image
 VISION_SIZES = [(200, 240), (500, 120), (20, 30), (50, 10000)]
 
 
-@pytest.fixture(scope="session")
-def next_vision_onnx(next_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module")
+def next_vision_onnx(next_export):
     """vision.onnx of the tiny NeXT model: pixel_values [tiles,3,84,84] -> image_features [tiles,36,64]."""
-    from torch.export import Dim
-
-    from coverpruner.export.modules import VisionGraph
-    from coverpruner.export.onnx_io import export_graph
-
-    fam = get_family("llava_next")
-    model = fam.load_model(next_checkpoint)
-    path = tmp_path_factory.mktemp("next_vision") / "vision.onnx"
-    example = (torch.randn(2, 3, 84, 84),)  # >= 2 so torch.export keeps the axis symbolic
-    export_graph(VisionGraph(fam, model).eval(), example, path, ["pixel_values"], ["image_features"],
-                 ({0: Dim("tiles")},), 18, False)
-    return path
+    return next_export / "vision.onnx"
 
 
 def _hf_packed(model, pixel_values, height, width):
@@ -44,21 +32,20 @@ def _hf_packed(model, pixel_values, height, width):
 def test_vision_graph_and_packing_match_hf_get_image_features(next_vision_onnx, next_hf_model, next_settings, size):
     import onnxruntime as ort
 
-    fam = get_family("llava_next")
     w, h = size
     pixels, geo = prepare_tiles(smooth_image(w, h, seed=3), next_settings)
     sess = ort.InferenceSession(str(next_vision_onnx), providers=["CPUExecutionProvider"])
     (feats,) = sess.run(None, {"pixel_values": pixels})
     assert feats.shape == (geo.num_tiles, 36, 64)
-    span = fam.image_span(feats, geo, fam.image_newline(next_hf_model))
-    ref = _hf_packed(next_hf_model, pixels, h, w)
-    assert span.rows.shape == ref.shape == (geo.num_rows, 64)
-    # fp32 rounding of a 3-layer CLIP + projector, |features| ~ 1: same bound as LLaVA-1.5's vision test.
-    assert np.abs(span.rows - ref).max() <= 1e-4
-    # The newline rows are exactly the model's image_newline vector (HF concatenates it, no arithmetic).
     newline = next_hf_model.model.image_newline.detach().numpy()
-    np.testing.assert_array_equal(ref[span.newline], np.broadcast_to(newline, (span.newline.sum(), 64)))
-    assert span.candidates.size == geo.num_candidates
+    rows = pack_features(feats, geo, newline)
+    ref = _hf_packed(next_hf_model, pixels, h, w)
+    assert rows.shape == ref.shape == (geo.num_rows, 64)
+    # fp32 rounding of a 3-layer CLIP + projector, |features| ~ 1: same bound as LLaVA-1.5's vision test.
+    assert np.abs(rows - ref).max() <= 1e-4
+    # The newline rows are exactly the model's image_newline vector (HF concatenates it, no arithmetic).
+    mask = geo.newline_mask()
+    np.testing.assert_array_equal(ref[mask], np.broadcast_to(newline, (mask.sum(), 64)))
 
 
 @pytest.mark.parametrize("size", IMAGE_SIZES, ids=[f"{w}x{h}" for w, h in IMAGE_SIZES])
@@ -77,6 +64,7 @@ def test_numpy_packing_equals_hf_pack_image_features(next_hf_model, next_setting
     assert int(lens[0]) == geo.num_rows
 
 
+@pytest.mark.slow
 def test_vision_graph_tile_axis_is_dynamic(next_vision_onnx):
     import onnx
 
