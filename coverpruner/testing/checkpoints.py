@@ -122,22 +122,32 @@ def build_processor(tokenizer, image_size: int, patch_size: int):
     )
 
 
+def tower_configs(p: Preset, pad_token_id: int, tokenizer_size: int, layers: int | None = None,
+                  vision_layers: int | None = None):
+    """(LlamaConfig, CLIPVisionConfig) of preset `p`; `layers` / `vision_layers` override the layer counts
+    (ValueError naming the flag when < 1); the text vocab is the preset's or the tokenizer size rounded up to 64."""
+    from transformers import CLIPVisionConfig, LlamaConfig
+
+    text_kw, vision_kw = dict(p.text), dict(p.vision)
+    for flag, value, kw in (("--layers", layers, text_kw), ("--vision-layers", vision_layers, vision_kw)):
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+            kw["num_hidden_layers"] = value
+    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
+    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
+                       initializer_range=p.init_range, tie_word_embeddings=False)
+    return text, CLIPVisionConfig(**vision_kw, initializer_range=p.init_range)
+
+
 def build_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_size: int,
                  layers: int | None = None):
     """LlavaConfig of `preset` (no weights). `layers` overrides the number of decoder layers; the text vocab
     is the preset's or the tokenizer size rounded up to 64 (as llava-hf pads 32002 -> 32064)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import LlavaConfig
 
     p = PRESETS[preset]
-    text_kw = dict(p.text)
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {layers}")
-        text_kw["num_hidden_layers"] = layers
-    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
-    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
-                       initializer_range=p.init_range, tie_word_embeddings=False)
-    vision = CLIPVisionConfig(**p.vision, initializer_range=p.init_range)
+    text, vision = tower_configs(p, pad_token_id, tokenizer_size, layers)
     config = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=image_token_id,
         image_seq_length=(vision.image_size // vision.patch_size) ** 2,

@@ -25,8 +25,8 @@ from coverpruner.testing.checkpoints import (
     Preset,
     _default_dtype,
     _randomize,
-    _round_up,
     fast_tokenizer,
+    tower_configs,
 )
 from coverpruner.testing.tokenizer import train_tokenizer
 
@@ -79,19 +79,10 @@ def build_next_processor(tokenizer, image_size: int, patch_size: int, grid_pinpo
 def build_next_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_size: int,
                       layers: int | None = None, vision_layers: int | None = None):
     """LlavaNextConfig of `preset` (no weights); `layers` / `vision_layers` override the layer counts."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaNextConfig
+    from transformers import LlavaNextConfig
 
+    text, vision = tower_configs(NEXT_PRESETS[preset], pad_token_id, tokenizer_size, layers, vision_layers)
     p = NEXT_PRESETS[preset]
-    text_kw, vision_kw = dict(p.text), dict(p.vision)
-    for flag, value, kw in (("--layers", layers, text_kw), ("--vision-layers", vision_layers, vision_kw)):
-        if value is not None:
-            if value < 1:
-                raise ValueError(f"{flag} must be >= 1, got {value}")
-            kw["num_hidden_layers"] = value
-    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
-    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
-                       initializer_range=p.init_range, tie_word_embeddings=False)
-    vision = CLIPVisionConfig(**vision_kw, initializer_range=p.init_range)
     config = LlavaNextConfig(
         vision_config=vision, text_config=text, image_token_index=image_token_id,
         image_grid_pinpoints=pinpoints(preset), image_seq_length=(vision.image_size // vision.patch_size) ** 2,
