@@ -222,6 +222,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per budget (median)")
     p.add_argument("--new-tokens", type=int, default=8, help="answer length per run (decode timing)")
     p.add_argument("--method", default="coverpruner")
+    p.add_argument("--selector", choices=("auto", "onnx", "numpy"), default="auto",
+                   help="how the coverpruner method selects (Pipeline.load selector=; default auto: selector.onnx)")
     p.add_argument("--quick", action="store_true", help="1 repeat")
     p.add_argument("--tag", default=None, help="results file tag (default: <provider>)")
     p.add_argument("--engine", type=Path, default=None,
@@ -235,7 +237,7 @@ def main(argv=None) -> int:
 
     from coverpruner.runtime import Pipeline
 
-    pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads)
+    pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads, selector=args.selector)
     image = Image.open(ROOT / "coverpruner" / "assets" / "demo.png").convert("RGB")
     if preset["side"]:  # LLaVA-NeXT: a square 672 px image fills the 2x2 grid, nothing is unpadded
         image = image.resize((preset["side"], preset["side"]), Image.BICUBIC)
