@@ -13,10 +13,12 @@ from functools import lru_cache
 # family name -> "module:Class"
 _ADAPTERS = {
     "llava": "coverpruner.families.llava:LlavaFamily",
+    "llava_next": "coverpruner.families.llava_next:LlavaNextFamily",
 }
 # HF config.model_type -> family name
 _MODEL_TYPES = {
     "llava": "llava",
+    "llava_next": "llava_next",
 }
 
 
