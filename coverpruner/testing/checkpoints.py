@@ -144,8 +144,12 @@ def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | Non
     import torch
     from transformers import LlavaForConditionalGeneration
 
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS, write_qwen_checkpoint
+
+    if preset in QWEN_PRESETS:
+        return write_qwen_checkpoint(output, preset=preset, layers=layers, seed=seed)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS) + sorted(QWEN_PRESETS)}")
     p = PRESETS[preset]
     out = Path(output)
     torch.manual_seed(seed)
@@ -178,10 +182,13 @@ def _randomize(model, std: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="coverpruner-make-checkpoint",
-        description="Write a random-weight LLaVA-1.5 checkpoint (HF format, real local tokenizer).",
+        description="Write a random-weight LLaVA-1.5 or Qwen2.5-VL checkpoint (HF format, real local tokenizer).",
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                        help="tiny: test/demo model; llava-1.5-7b: real 7B widths for latency work")
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS
+
+    parser.add_argument("--preset", choices=sorted(PRESETS) + sorted(QWEN_PRESETS), default="tiny",
+                        help="tiny: test/demo model; llava-1.5-7b: real 7B widths for latency work; "
+                             "qwen2.5-vl-tiny / qwen2.5-vl-7b: the same for Qwen2.5-VL")
     parser.add_argument("--layers", type=int, default=None,
                         help="number of decoder layers (default: tiny 2, llava-1.5-7b 32; use 2 for benchmarks)")
     parser.add_argument("--output", required=True, help="directory to write the checkpoint into")
