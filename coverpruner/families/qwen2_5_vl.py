@@ -96,7 +96,7 @@ class Qwen25VLFamily:
         return pruned_positions(native, kept_rows)
 
     def decode_position(self, native: np.ndarray, step: int) -> np.ndarray:
-        """int64 [3, 1]: the step-th generated token's position, max(native) + 1 + step."""
+        """int64 [3]: the step-th generated token's position, max(native) + 1 + step."""
         return decode_position(native, step)
 
     # ------------------------------------------------------------------ checkpoint facts (no torch)

@@ -56,5 +56,5 @@ def pruned_positions(native: np.ndarray, kept_rows: np.ndarray) -> np.ndarray:
 
 
 def decode_position(native: np.ndarray, step: int) -> np.ndarray:
-    """int64 [3, 1]: position of the `step`-th generated token (0-based): max(native) + 1 + step, all rows."""
-    return np.full((3, 1), int(np.max(native)) + 1 + int(step), dtype=np.int64)
+    """int64 [3]: position of the `step`-th generated token (0-based): max(native) + 1 + step, all rows."""
+    return np.full(3, int(np.max(native)) + 1 + int(step), dtype=np.int64)

@@ -76,7 +76,7 @@ def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwe
     nxt = int(out.logits[0, -1].argmax())
     step_embed = qwen_hf.model.get_input_embeddings()(torch.tensor([[nxt]])).detach().numpy()
     feed = {"inputs_embeds": step_embed, "attention_mask": np.ones((1, length + 1), np.int64),
-            "position_ids": family.decode_position(positions, 0)[:, None]}
+            "position_ids": family.decode_position(positions, 0)[:, None, None]}
     feed.update({f"past_key_values.{i}.{kv}": present[2 * i + j] for i in range(dims["num_layers"])
                  for j, kv in enumerate(("key", "value"))})
     step_logits, *_ = sess.run(None, feed)
