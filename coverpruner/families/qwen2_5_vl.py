@@ -201,7 +201,8 @@ class Qwen25VLFamily:
     def example_inputs(self, name: str, dims: dict, dtype):
         """(args, input_names, output_names, dynamic_shapes) of graph `name` for torch.onnx.export.
 
-        Dynamic axes: vision `num_patches` (N) and `num_visual` (n = N/4); probe/decoder sequence axes; the
+        Dynamic axes: vision `num_patches` (N), `num_visual` (n = N/4), `num_windows` (W), `window_slots` (S);
+        probe/decoder sequence axes; the
         position ids of probe and decoder are [3, B, L]. Example sizes are >= 2 on every dynamic axis.
         """
         import torch
@@ -215,8 +216,9 @@ class Qwen25VLFamily:
                                 dims["window_size"], dims["patch_size"])
             args = tuple(torch.from_numpy(inp[k]) for k in VISION_INPUTS)
             args = (torch.randn(96, dims["patch_dim"], dtype=dtype),) + args[1:]
-            patches, tokens = Dim("num_patches", min=4), Dim("num_visual", min=1)
-            shapes = ({0: patches}, {0: patches}, {0: tokens}, {0: tokens}, {0: patches}, {0: patches})
+            patches, tokens, windows = Dim("num_patches", min=4), Dim("num_visual", min=1), Dim("num_windows")
+            shapes = ({0: patches}, {0: patches}, {0: tokens}, {0: tokens}, {0: windows, 1: Dim("window_slots")},
+                      {0: windows}, {0: patches}, {0: patches})
             return args, list(VISION_INPUTS), ["image_features"], shapes
         if name == "embed":
             ids = torch.randint(0, dims["vocab_size"], (2, 7))

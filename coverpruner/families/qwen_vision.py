@@ -8,19 +8,24 @@ has no Loop over windows and no data-dependent Python:
     vision_position_ids int64 [N, 2]  (row, col) of each patch in processor (native) order
     window_index        int64 [n]     merged-token order of window attention (native index per slot)
     window_inverse      int64 [n]     argsort(window_index): puts merger outputs back in native order
-    window_segments     int64 [N]     window id of each patch, in window order (block-diagonal mask)
+    window_gather       int64 [W, S]  window-ordered patch row of each slot of W windows padded to S slots
+                                      (padding slots repeat the window's first row)
+    window_lengths      int64 [W]     real slots of each window (the rest are masked as keys)
+    window_scatter      int64 [N]     flat slot (w*S + j) of each window-ordered patch row
     full_segments       int64 [N]     image id of each patch, in window order (full-attention blocks)
 
-N = t*gh*gw patches, n = N / merge^2 merged tokens (the visual tokens). A segment vector is the dense
-form of cu_seqlens: two patches attend to each other iff their segment ids are equal.
+N = t*gh*gw patches, n = N / merge^2 merged tokens (the visual tokens), W windows of at most S patches.
+Window blocks attend within a window as a batch of W small attentions (cost W*S^2, not N^2); full blocks
+attend within an image through a block-diagonal mask built from full_segments (the dense form of
+cu_seqlens: two patches attend to each other iff their segment ids are equal).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-VISION_INPUTS = ("pixel_values", "vision_position_ids", "window_index", "window_inverse", "window_segments",
-                 "full_segments")
+VISION_INPUTS = ("pixel_values", "vision_position_ids", "window_index", "window_inverse", "window_gather",
+                 "window_lengths", "window_scatter", "full_segments")
 
 
 def vision_position_ids(grid_thw, merge: int) -> np.ndarray:
@@ -69,14 +74,30 @@ def segments(cu_seqlens: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
 
 
+def padded_windows(cu_seqlens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gather int64 [W, S], lengths int64 [W], scatter int64 [N]) for windows given by cu_seqlens (see the
+    module doc); S = the longest window."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    starts, lengths = cu[:-1], np.diff(cu)
+    slots = int(lengths.max())
+    j = np.arange(slots, dtype=np.int64)
+    gather = np.where(j[None, :] < lengths[:, None], starts[:, None] + j[None, :], starts[:, None])
+    row_window = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    scatter = row_window * slots + (np.arange(cu[-1], dtype=np.int64) - starts[row_window])
+    return gather.astype(np.int64), lengths, scatter
+
+
 def vision_inputs(pixel_values: np.ndarray, grid_thw, merge: int, window_size: int, patch_size: int) -> dict:
     """All inputs of vision.onnx for one preprocessed image (names in VISION_INPUTS)."""
     win, cu_win = window_index(grid_thw, merge, window_size, patch_size)
+    gather, lengths, scatter = padded_windows(cu_win)
     return {
         "pixel_values": pixel_values,
         "vision_position_ids": vision_position_ids(grid_thw, merge),
         "window_index": win,
         "window_inverse": np.argsort(win).astype(np.int64),
-        "window_segments": segments(cu_win),
+        "window_gather": gather,
+        "window_lengths": lengths,
+        "window_scatter": scatter,
         "full_segments": segments(image_cu_seqlens(grid_thw)),
     }

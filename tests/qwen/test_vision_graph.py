@@ -68,10 +68,25 @@ def test_vision_onnx_matches_hf(size, qwen_checkpoint, qwen_hf, vision_session):
 
 @pytest.mark.slow
 def test_window_attention_matters(qwen_checkpoint, qwen_hf, vision_session):
-    """Feeding full-image segments to the window blocks changes V: the fixture exercises the window path."""
+    """One window spanning the whole image (= full attention in the window blocks) changes V: the fixture
+    exercises the window path."""
     img = preprocess_qwen_image(sample_image(2, (300, 250)), _settings(qwen_checkpoint))
     vc = qwen_hf.config.vision_config
     inputs = vision_inputs(img.pixel_values, img.grid_thw, vc.spatial_merge_size, vc.window_size, vc.patch_size)
     (good,) = vision_session.run(None, inputs)
-    (bad,) = vision_session.run(None, {**inputs, "window_segments": inputs["full_segments"]})
+    n_patches = img.pixel_values.shape[0]
+    one_window = {"window_gather": np.arange(n_patches)[None], "window_lengths": np.array([n_patches]),
+                  "window_scatter": np.arange(n_patches)}
+    (bad,) = vision_session.run(None, {**inputs, **one_window})
     assert np.abs(good - bad).max() > 1e-2 * np.abs(good).max()
+
+
+def test_padded_windows_round_trip():
+    from coverpruner.families.qwen_vision import padded_windows
+
+    cu = np.array([0, 36, 60, 96, 104])
+    gather, lengths, scatter = padded_windows(cu)
+    assert gather.shape == (4, 36) and lengths.tolist() == [36, 24, 36, 8]
+    rows = np.arange(104)
+    np.testing.assert_array_equal(gather.reshape(-1)[scatter], rows)  # scatter inverts gather on real slots
+    assert (gather[1, 24:] == 36).all()  # padding repeats the window's first row
