@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             if budget != "full" and args.save_selection:
                 from coverpruner.runtime.visualize import save_selection
 
-                save_selection(args.save_selection, image, r.kept_indices, r.num_visual_tokens, pipe.image_settings)
+                save_selection(args.save_selection, image, r.kept_indices, r.panels)
                 print(f"   kept patches drawn to {args.save_selection}\n")
         print(f"Next: coverpruner-run {engine} --image {image} --prompt '...' --budget 32 --json")
     except CoverPrunerError as exc:

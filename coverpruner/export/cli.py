@@ -21,6 +21,13 @@ def _graphs(text: str) -> tuple[str, ...]:
     return names
 
 
+def _option(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. newline_policy=keep), got {text!r}")
+    return name.strip().replace("-", "_"), value.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coverpruner-export",
                                 description="Export a VLM checkpoint to ONNX graphs + manifest.json (offline).")
@@ -40,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="selector graph form: standard ops with Loop (portable) or a TensorRT plugin node")
     g.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights in <graph>.onnx.data: auto = graphs above 1 GiB")
+    fam = p.add_argument_group("model family")
+    fam.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
+                     help="default of one of the family's request options, recorded in the manifest (e.g. "
+                          "newline_policy=keep for LLaVA-NeXT); requests may still override it. Repeatable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -54,13 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     except MissingModelError as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
-    from coverpruner.export.exporter import export_model
+    from coverpruner.export.exporter import OptionValueError, export_model
     from coverpruner.export.onnx_io import ExportError
 
     opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
-                         external_data=args.external_data, progress=not args.no_progress)
+                         external_data=args.external_data, progress=not args.no_progress,
+                         family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)
+    except OptionValueError as exc:  # bad input, nothing written
+        print(f"coverpruner-export: {exc}", file=sys.stderr)
+        return 2
     except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 1
