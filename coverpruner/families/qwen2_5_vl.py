@@ -19,12 +19,36 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.base import PROMPT_SENTINEL, NativeLayout, RenderedPrompt, render_chat_template
+from coverpruner.families.base import render_image_prompt, tokenize_layout
+from coverpruner.families.contract import ExportSpec, GridPanel, ImageSpan, NativeLayout, RequestOption, VisionInputs
 from coverpruner.families.qwen_positions import decode_position, native_positions, pruned_positions
-from coverpruner.families.qwen_preprocess import QwenImage, QwenImageSettings, preprocess_qwen_image
+from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen_vision import VISION_INPUTS, vision_inputs
 
 IMAGE_TOKEN = "<|image_pad|>"
+
+
+def parse_image_size(value):
+    """'WxH' or (W, H) -> (W, H) ints; ValueError (one line) otherwise. Whether the processor's rules allow the
+    size is checked with the checkpoint's limits when the image is prepared."""
+    if isinstance(value, str):
+        parts = value.lower().split("x")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"image_size must be WIDTHxHEIGHT in pixels (e.g. 1008x1008), got {value!r}")
+        return int(parts[0]), int(parts[1])
+    try:
+        w, h = value
+    except (TypeError, ValueError):
+        raise ValueError(f"image_size must be (width, height) in pixels, got {value!r}") from None
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (w, h)):
+        raise ValueError(f"image_size must be (width, height) in whole pixels, got {value!r}")
+    return int(w), int(h)
+
+
+IMAGE_SIZE_OPTION = RequestOption(
+    name="image_size", parse=parse_image_size, metavar="WxH",
+    help="Qwen2.5-VL: resize the image to exactly W x H (e.g. 1008x1008 = 1,296 visual tokens); both sides multiples "
+         "of 28 px within the checkpoint's pixel limits. Default: the processor's smart resize.")
 
 
 class Qwen25VLFamily:
@@ -39,65 +63,14 @@ class Qwen25VLFamily:
     position_mode = "native"
     position_rank = 3
     image_token = IMAGE_TOKEN
-    vision_inputs = VISION_INPUTS
+    request_options = (IMAGE_SIZE_OPTION,)
     support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                      "preprocessor_config.json", "chat_template.jinja", "chat_template.json",
                      "generation_config.json")
 
-    # ------------------------------------------------------------------ runtime rules (no torch)
-    def render_prompt(self, chat_template: str, prompt: str, num_visual_tokens: int) -> RenderedPrompt:
-        """Apply the chat template to one user turn (image, then text); expand <|image_pad|> to n copies."""
-        if IMAGE_TOKEN in prompt or "<|vision_start|>" in prompt:
-            raise ValueError(f"the prompt must not contain the image markers ({IMAGE_TOKEN!r}, '<|vision_start|>'); "
-                             "the image is placed by the chat template")
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_SENTINEL}]}]
-        text = render_chat_template(chat_template, messages, add_generation_prompt=True)
-        if text.count(PROMPT_SENTINEL) != 1 or text.count(IMAGE_TOKEN) != 1:
-            raise ValueError("chat template must render the prompt and the image placeholder exactly once; got "
-                             f"{text!r}")
-        text = text.replace(IMAGE_TOKEN, IMAGE_TOKEN * num_visual_tokens)
-        start = text.index(PROMPT_SENTINEL)
-        return RenderedPrompt(text.replace(PROMPT_SENTINEL, prompt), (start, start + len(prompt)))
-
-    def native_layout(self, tokenizer, rendered: RenderedPrompt, image_token_id: int,
-                      num_visual_tokens: int) -> NativeLayout:
-        """Tokenize with a `tokenizers.Tokenizer` (Qwen adds no BOS); the image tokens must be one run of n."""
-        from coverpruner.families.base import instruction_positions_from_offsets
-
-        enc = tokenizer.encode(rendered.text)
-        ids = np.asarray(enc.ids, dtype=np.int64)
-        visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
-        if visual.size != num_visual_tokens or (visual.size and visual[-1] - visual[0] + 1 != visual.size):
-            raise ValueError(f"tokenized prompt has {visual.size} image tokens (id {image_token_id}), expected one "
-                             f"run of {num_visual_tokens}")
-        instr = instruction_positions_from_offsets(enc.offsets, rendered.prompt_span)
-        instr = instr[~np.isin(instr, visual)]
-        if instr.size == 0:
-            raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
-        return NativeLayout(ids, visual, instr)
-
-    def prepare_image(self, image, settings: dict, vision: dict, image_size=None) -> tuple[QwenImage, dict]:
-        """Preprocess one image and compute the vision graph's host-side inputs.
-
-        settings: the manifest's processor block (QwenImageSettings.to_dict()); vision: {"window_size",
-        "patch_size", "spatial_merge_size"} from dims(). Returns (QwenImage, {name: array} for VISION_INPUTS).
-        """
-        s = QwenImageSettings.from_dict(settings)
-        img = preprocess_qwen_image(image, s, image_size=image_size)
-        return img, vision_inputs(img.pixel_values, img.grid_thw, vision["spatial_merge_size"],
-                                  vision["window_size"], vision["patch_size"])
-
-    def native_positions(self, input_ids: np.ndarray, image_token_id: int, grid_thw, merge: int) -> np.ndarray:
-        """int64 [3, L]: HF get_rope_index's positions for the full native sequence."""
-        return native_positions(input_ids, image_token_id, [grid_thw], merge)
-
-    def pruned_positions(self, native: np.ndarray, kept_rows: np.ndarray) -> np.ndarray:
-        """int64 [3, L']: kept rows keep their native positions."""
-        return pruned_positions(native, kept_rows)
-
-    def decode_position(self, native: np.ndarray, step: int) -> np.ndarray:
-        """int64 [3]: the step-th generated token's position, max(native) + 1 + step."""
-        return decode_position(native, step)
+    # ------------------------------------------------------------------ run time (no torch)
+    def runtime(self, manifest) -> "QwenRuntime":
+        return QwenRuntime(manifest)
 
     # ------------------------------------------------------------------ checkpoint facts (no torch)
     def chat_template(self, model_dir: Path) -> str:
@@ -182,65 +155,115 @@ class Qwen25VLFamily:
                           rotary=lm.rotary_emb, apply_rope=apply_rotary_pos_emb, num_heads=cfg.num_attention_heads,
                           num_kv_heads=cfg.num_key_value_heads, head_dim=attn.head_dim, scaling=attn.scaling)
 
-    def graph_module(self, name: str, model):
-        """torch module of graph `name` (vision, embed, probe, decoder)."""
-        from coverpruner.export.modules import DecoderGraph, EmbedGraph, ProbeGraph
+    def max_visual_tokens(self, settings: QwenImageSettings) -> int:
+        """The most visual tokens one image can give: max_pixels / (patch*merge)^2."""
+        return settings.max_pixels // settings.factor ** 2
 
-        if name == "vision":
-            from coverpruner.families.qwen_graphs import QwenVisionGraph
+    def manifest_fields(self, config, model_dir: Path) -> dict:
+        """The family's part of manifest.json (contract.Family.manifest_fields). Family axes: the vision graph's
+        num_patches / num_windows / window_slots, with the paper's 1008x1008 (1,296 tokens) as the optimum
+        when the checkpoint's limits allow it."""
+        settings = QwenImageSettings.from_dict(self.processor_settings(model_dir))
+        dims = self.dims(config)
+        n_max = self.max_visual_tokens(settings)
+        n_opt = min(n_max, 1296)
+        unit = settings.merge_size ** 2
+        side = dims["window_size"] // settings.factor
+        return {
+            "dims": dims,
+            "visual": {"max_visual_tokens": n_max, "position_rank": 3, "position_mode": "native"},
+            "token_ids": self.token_ids(config),
+            "chat_template": self.chat_template(model_dir),
+            "layout": self.layout(),
+            "processor": settings.to_dict(),
+            "options": {},
+            "axes": {"num_patches": [unit, unit * n_opt, unit * n_max],
+                     "num_windows": [1, max(1, n_opt // (side * side)), n_max],
+                     "window_slots": [unit, unit * side * side, unit * side * side]},
+        }
 
-            return QwenVisionGraph(model.model.visual).eval()
-        if name == "embed":
-            return EmbedGraph(self.embed_tokens(model)).eval()
-        if name == "probe":
-            return ProbeGraph(self.probe_parts(model)).eval()
-        if name == "decoder":
-            return DecoderGraph(self.language_model(model), self.lm_head(model)).eval()
-        raise ValueError(f"unknown graph {name!r}")
-
-    def example_inputs(self, name: str, dims: dict, dtype):
-        """(args, input_names, output_names, dynamic_shapes) of graph `name` for torch.onnx.export.
-
-        Dynamic axes: vision `num_patches` (N), `num_visual` (n = N/4), `num_windows` (W), `window_slots` (S);
-        probe/decoder sequence axes; the
-        position ids of probe and decoder are [3, B, L]. Example sizes are >= 2 on every dynamic axis.
-        """
+    def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
+        """vision: QwenVisionGraph over the host tables (dynamic num_patches / num_visual / num_windows /
+        window_slots) -> image_features [n, d]; embed/probe/decoder: the shared specs with position_ids
+        [3, B, S]."""
         import torch
         from torch.export import Dim
 
-        d = dims["hidden_size"]
-        batch, seq = Dim("batch"), Dim("seq")
-        if name == "vision":
-            grid = (1, 8, 12)  # 96 patches, 24 tokens, windows at the tiny preset's size and larger
-            inp = vision_inputs(np.zeros((96, dims["patch_dim"]), np.float32), grid, dims["spatial_merge_size"],
-                                dims["window_size"], dims["patch_size"])
-            args = tuple(torch.from_numpy(inp[k]) for k in VISION_INPUTS)
-            args = (torch.randn(96, dims["patch_dim"], dtype=dtype),) + args[1:]
-            patches, tokens, windows = Dim("num_patches", min=4), Dim("num_visual", min=1), Dim("num_windows")
-            shapes = ({0: patches}, {0: patches}, {0: tokens}, {0: tokens}, {0: windows, 1: Dim("window_slots")},
-                      {0: windows}, {0: patches}, {0: patches})
-            return args, list(VISION_INPUTS), ["image_features"], shapes
-        if name == "embed":
-            ids = torch.randint(0, dims["vocab_size"], (2, 7))
-            return (ids,), ["input_ids"], ["inputs_embeds"], ({0: batch, 1: seq},)
-        if name == "probe":
-            n, length, t = 24, 40, 5
-            pos = torch.from_numpy(np.broadcast_to(np.arange(length), (3, length)).copy())[:, None]  # [3,1,L]
-            args = (torch.randn(1, length, d, dtype=dtype), pos, torch.arange(3, 3 + n),
-                    torch.arange(length - t - 2, length - 2))
-            shapes = ({1: seq}, {2: seq}, {0: Dim("num_visual")}, {0: Dim("num_instruction")})
-            return args, ["inputs_embeds", "position_ids", "visual_positions", "instruction_positions"], \
-                ["relevance"], shapes
-        if name == "decoder":
-            layers, hkv, hd = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"]
-            b, s, p = 2, 3, 4
-            past = tuple(torch.randn(b, hkv, p, hd, dtype=dtype) for _ in range(2 * layers))
-            pos = torch.arange(p, p + s)[None, None].expand(3, b, s).contiguous()
-            args = (torch.randn(b, s, d, dtype=dtype), torch.ones(b, p + s, dtype=torch.long), pos, past)
-            past_dim = Dim("past_sequence", min=0)
-            shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, {1: batch, 2: seq},
-                      tuple({0: batch, 2: past_dim} for _ in past))
-            kv = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-            out = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-            return args, ["inputs_embeds", "attention_mask", "position_ids", *kv], out, shapes
-        raise ValueError(f"unknown graph {name!r}")
+        from coverpruner.export.graph_specs import text_graph_specs
+        from coverpruner.families.qwen_graphs import QwenVisionGraph
+
+        dims = self.dims(config)
+        specs = text_graph_specs(self, model, dims, dtype, rank=3, num_visual=24)
+        grid = (1, 8, 12)  # 96 patches, 24 tokens; 4 windows at the tiny preset's window, 2 at the real one
+        feeds = vision_inputs(np.zeros((96, dims["patch_dim"]), np.float32), grid, dims["spatial_merge_size"],
+                              dims["window_size"], dims["patch_size"])
+        args = (torch.randn(96, dims["patch_dim"], dtype=dtype),) + tuple(torch.from_numpy(feeds[k])
+                                                                          for k in VISION_INPUTS[1:])
+        patches, tokens, windows = Dim("num_patches", min=4), Dim("num_visual", min=1), Dim("num_windows")
+        shapes = ({0: patches}, {0: patches}, {0: tokens}, {0: tokens}, {0: windows, 1: Dim("window_slots")},
+                  {0: windows}, {0: patches}, {0: patches})
+        specs["vision"] = ExportSpec(QwenVisionGraph(model.model.visual).eval(), args, list(VISION_INPUTS),
+                                     ["image_features"], shapes)
+        return specs
+
+    def write_files(self, model, out_dir: Path) -> dict[str, str]:
+        return {}  # the graphs and the support files are all the runtime needs
+
+
+class QwenRuntime:
+    """Qwen2.5-VL's run-time rules for one engine dir (contract.FamilyRuntime): dynamic resolution, host-side
+    window tables, every merger output a candidate, native M-RoPE positions (rank 3)."""
+
+    position_rank = 3
+
+    def __init__(self, manifest):
+        self.settings = QwenImageSettings.from_dict(manifest.processor)
+        self.chat_template = manifest.chat_template
+        self.image_token_id = int(manifest.token_ids["image_token_id"])
+        self.float_dtype = np.dtype(manifest.float_dtype)
+        dims = manifest.dims
+        self.merge, self.window, self.patch = (int(dims["spatial_merge_size"]), int(dims["window_size"]),
+                                               int(dims["patch_size"]))
+
+    def prepare_image(self, image, options: dict) -> VisionInputs:
+        """Vision feeds (VISION_INPUTS; pixel_values [N, 1176] in the graph's float dtype), n = gh*gw/merge^2,
+        and one picture panel: the merged-patch grid (28x28 px cells of the resized image), which covers the
+        whole original image (the resize keeps everything)."""
+        img = preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"))
+        feeds = vision_inputs(img.pixel_values.astype(self.float_dtype, copy=False), img.grid_thw, self.merge,
+                              self.window, self.patch)
+        n = img.num_visual_tokens
+        rows, cols = img.grid_thw[1] // self.merge, img.grid_thw[2] // self.merge
+        h, w = img.original
+        cell = self.merge * self.patch
+        panel = GridPanel(f"{cell}x{cell} px cells of the {img.resized[1]}x{img.resized[0]} resized image",
+                          (rows, cols), (0.0, 0.0, float(w), float(h)), np.arange(n, dtype=np.int64))
+        return VisionInputs(feeds, n, (panel,), {"grid_thw": img.grid_thw, "resized": img.resized,
+                                                 "original": img.original})
+
+    def image_span(self, outputs: dict, vision: VisionInputs, options: dict) -> ImageSpan:
+        """image_features [n, d] (native order) -> rows [n, d], every row a candidate."""
+        feats = outputs["image_features"]
+        n = vision.num_candidates
+        if feats.ndim != 2 or feats.shape[0] != n:
+            raise ValueError(f"vision graph returned image_features {list(feats.shape)}, expected [{n}, d]")
+        return ImageSpan(feats, np.arange(n, dtype=np.int64))
+
+    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
+        """The published chat template around [image, prompt], <|image_pad|> expanded to n (no BOS)."""
+        if any(m in prompt for m in ("<|vision_start|>", "<|vision_end|>")):
+            raise ValueError("the prompt must not contain the image markers '<|vision_start|>' / '<|vision_end|>'")
+        rendered = render_image_prompt(self.chat_template, prompt, IMAGE_TOKEN, num_image_rows)
+        return tokenize_layout(tokenizer, rendered, self.image_token_id, num_image_rows)
+
+    def native_positions(self, layout: NativeLayout, vision: VisionInputs) -> np.ndarray:
+        """int64 [3, L]: HF get_rope_index's positions for the full native sequence."""
+        return native_positions(layout.input_ids, self.image_token_id, [vision.facts["grid_thw"]], self.merge)
+
+    def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """int64 [3, L']: kept rows keep their native positions (no re-packing)."""
+        return pruned_positions(native, rows)
+
+    def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
+        """int64 [3]: the step-th generated token at max(native) + 1 + step, where it sits without pruning."""
+        return decode_position(native, step)

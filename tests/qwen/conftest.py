@@ -46,26 +46,37 @@ def qwen_hf(qwen_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def qwen_graphs(qwen_checkpoint, tmp_path_factory) -> Path:
-    """Directory with vision/embed/probe/decoder .onnx of the tiny checkpoint (fp32), exported with the
-    family's own wrappers and example inputs through export.onnx_io (dynamo exporter)."""
-    import torch
+def qwen_export(qwen_checkpoint, tmp_path_factory) -> Path:
+    """fp32 engine dir of the tiny checkpoint (all five graphs + manifest), through the real exporter."""
+    from coverpruner.export.exporter import ExportOptions, export_model
 
-    from coverpruner.export.onnx_io import export_graph
-    from coverpruner.families import get_family
-
-    family = get_family("qwen2_5_vl")
-    model = family.load_model(qwen_checkpoint, "float32")
-    dims = family.dims(model.config)
-    out = tmp_path_factory.mktemp("qwen_graphs")
-    for name in ("vision", "embed", "probe", "decoder"):
-        args, names_in, names_out, shapes = family.example_inputs(name, dims, torch.float32)
-        export_graph(family.graph_module(name, model), args, out / f"{name}.onnx", names_in, names_out, shapes,
-                     opset=18, external_data=False)
+    out = tmp_path_factory.mktemp("qwen_export")
+    export_model(qwen_checkpoint, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp32", progress=False))
     return out
+
+
+@pytest.fixture(scope="session")
+def qwen_graphs(qwen_export) -> Path:
+    """Directory holding vision/embed/probe/decoder .onnx of the tiny checkpoint (fp32)."""
+    return qwen_export
 
 
 def ort_session(path: Path):
     import onnxruntime as ort
 
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def our_request(engine_dir: Path, image, prompt: str, options: dict | None = None):
+    """The family runtime's view of one request: (VisionInputs, NativeLayout, native positions int64 [3, L])."""
+    from tokenizers import Tokenizer
+
+    from coverpruner.engine_dir import load_manifest
+    from coverpruner.families import get_family
+
+    manifest = load_manifest(engine_dir)
+    rt = get_family("qwen2_5_vl").runtime(manifest)
+    vision = rt.prepare_image(image, options or {})
+    tok = Tokenizer.from_file(str(Path(engine_dir) / "tokenizer.json"))
+    layout = rt.layout(tok, prompt, vision.num_candidates)
+    return vision, layout, rt.native_positions(layout, vision)

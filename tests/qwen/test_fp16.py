@@ -21,16 +21,11 @@ FP16_REL = 5e-3
 
 @pytest.fixture(scope="module")
 def fp16_graphs(qwen_checkpoint, tmp_path_factory):
-    from coverpruner.export.onnx_io import export_graph
+    from coverpruner.export.exporter import ExportOptions, export_model
 
-    family = get_family("qwen2_5_vl")
-    model = family.load_model(qwen_checkpoint, "float16")
-    dims = family.dims(model.config)
     out = tmp_path_factory.mktemp("qwen_fp16")
-    for name in ("vision", "decoder"):
-        args, names_in, names_out, shapes = family.example_inputs(name, dims, torch.float16)
-        export_graph(family.graph_module(name, model), args, out / f"{name}.onnx", names_in, names_out, shapes,
-                     opset=18, external_data=False)
+    export_model(qwen_checkpoint, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp16", graphs=("vision", "decoder"),
+                                                                        progress=False))
     return out
 
 

@@ -1,39 +1,31 @@
 """Prompt layout == HF's Qwen2_5_VLProcessor; native 3-D positions == HF get_rope_index; decode positions."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
 
-from coverpruner.families import get_family
 from coverpruner.families.qwen_positions import decode_position, native_positions
-from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
-from tests.qwen.conftest import sample_image
+from tests.qwen.conftest import our_request, sample_image
 from tests.qwen.hf_qwen import hf_inputs
 
 PROMPT = "What color is the bus on the left side of the street?"
 
 
 @pytest.mark.parametrize("size", [(224, 224), (300, 250), (140, 420)])
-def test_layout_and_positions_match_hf_processor(size, qwen_checkpoint, qwen_hf):
-    family = get_family("qwen2_5_vl")
+def test_layout_and_positions_match_hf_processor(size, qwen_checkpoint, qwen_hf, qwen_export):
     image = sample_image(0, size)
     ref = hf_inputs(qwen_checkpoint, image, PROMPT)
-    settings = QwenImageSettings.from_dict(json.loads((qwen_checkpoint / "preprocessor_config.json").read_text()))
-    img = preprocess_qwen_image(image, settings)
-    tok = Tokenizer.from_file(str(qwen_checkpoint / "tokenizer.json"))
-    rendered = family.render_prompt(family.chat_template(qwen_checkpoint), PROMPT, img.num_visual_tokens)
-    image_id = qwen_hf.config.image_token_id
-    layout = family.native_layout(tok, rendered, image_id, img.num_visual_tokens)
+    vision, layout, ours = our_request(qwen_export, image, PROMPT)
     np.testing.assert_array_equal(layout.input_ids, ref["input_ids"][0].numpy())
     np.testing.assert_array_equal(layout.visual_positions, np.flatnonzero(ref["mm_token_type_ids"][0].numpy() == 1))
+    tok = Tokenizer.from_file(str(qwen_export / "tokenizer.json"))
     assert tok.decode(layout.input_ids[layout.instruction_positions].tolist()) == PROMPT
+    np.testing.assert_array_equal(vision.feeds["pixel_values"], ref["pixel_values"].numpy())
+    assert vision.facts["grid_thw"] == tuple(ref["image_grid_thw"][0].tolist())
 
     ref_pos, ref_delta = qwen_hf.model.get_rope_index(ref["input_ids"], ref["mm_token_type_ids"],
                                                       image_grid_thw=ref["image_grid_thw"])
-    ours = family.native_positions(layout.input_ids, image_id, img.grid_thw, 2)
     np.testing.assert_array_equal(ours, ref_pos[:, 0].numpy())
     # HF decodes the t-th new token at (L + t) + rope_delta in all three rows.
     length = layout.input_ids.size
@@ -58,7 +50,7 @@ def test_positions_reject_mismatched_runs():
         native_positions(np.array([1, 9, 9, 9, 9, 2]), 9, [(1, 4, 4), (1, 4, 4)], 2)
 
 
-def test_prompt_with_image_marker_is_rejected(qwen_checkpoint):
-    family = get_family("qwen2_5_vl")
-    with pytest.raises(ValueError, match="image markers"):
-        family.render_prompt(family.chat_template(qwen_checkpoint), "look <|image_pad|>", 4)
+@pytest.mark.parametrize("prompt,msg", [("look <|image_pad|>", "image token"), ("<|vision_start|>x", "image markers")])
+def test_prompt_with_image_marker_is_rejected(qwen_export, prompt, msg):
+    with pytest.raises(ValueError, match=msg):
+        our_request(qwen_export, sample_image(0), prompt)

@@ -1,32 +1,23 @@
 """probe.onnx / decoder.onnx / embed.onnx with M-RoPE positions [3, B, L] == the HF model (eager)."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 from coverpruner.families import get_family
-from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
-from tests.qwen.conftest import ort_session, sample_image
+from coverpruner.families.qwen_positions import decode_position
+from tests.qwen.conftest import our_request, ort_session, sample_image
 from tests.qwen.hf_qwen import hf_inputs
 
 PROMPT = "Describe the small red sign near the top left corner."
 pytestmark = pytest.mark.slow
 
 
-def _request(ckpt, model, size):
+def _request(ckpt, engine_dir, model, size):
     """(HF processor inputs, HF inputs_embeds [1,L,d] with image rows, our layout and native positions)."""
-    family = get_family("qwen2_5_vl")
     image = sample_image(3, size)
     ref = hf_inputs(ckpt, image, PROMPT)
-    settings = QwenImageSettings.from_dict(json.loads((ckpt / "preprocessor_config.json").read_text()))
-    img = preprocess_qwen_image(image, settings)
-    tok = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
-    layout = family.native_layout(tok, family.render_prompt(family.chat_template(ckpt), PROMPT, img.num_visual_tokens),
-                                  model.config.image_token_id, img.num_visual_tokens)
-    positions = family.native_positions(layout.input_ids, model.config.image_token_id, img.grid_thw, 2)
+    _, layout, positions = our_request(engine_dir, image, PROMPT)
     with torch.no_grad():
         feats = model.model.get_image_features(ref["pixel_values"], ref["image_grid_thw"]).pooler_output[0]
         embeds = model.model.get_input_embeddings()(ref["input_ids"])
@@ -36,7 +27,7 @@ def _request(ckpt, model, size):
 
 @pytest.mark.parametrize("size", [(224, 224), (300, 250), (140, 420)])
 def test_probe_matches_hf_layer0_attention(size, qwen_checkpoint, qwen_hf, qwen_graphs):
-    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_hf, size)
+    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_graphs, qwen_hf, size)
     with torch.no_grad():
         out = qwen_hf(**ref, output_attentions=True)
     att = out.attentions[0][0].numpy()  # [H, L, L], HF's own positions and causal mask
@@ -56,9 +47,8 @@ def test_probe_matches_hf_layer0_attention(size, qwen_checkpoint, qwen_hf, qwen_
 
 @pytest.mark.parametrize("size", [(300, 250), (140, 420)])
 def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwen_graphs):
-    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_hf, size)
-    family = get_family("qwen2_5_vl")
-    dims = family.dims(qwen_hf.config)
+    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_graphs, qwen_hf, size)
+    dims = get_family("qwen2_5_vl").dims(qwen_hf.config)
     sess = ort_session(qwen_graphs / "decoder.onnx")
     length = embeds.shape[1]
     empty = np.zeros((1, dims["num_kv_heads"], 0, dims["head_dim"]), np.float32)
@@ -76,7 +66,7 @@ def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwe
     nxt = int(out.logits[0, -1].argmax())
     step_embed = qwen_hf.model.get_input_embeddings()(torch.tensor([[nxt]])).detach().numpy()
     feed = {"inputs_embeds": step_embed, "attention_mask": np.ones((1, length + 1), np.int64),
-            "position_ids": family.decode_position(positions, 0)[:, None, None]}
+            "position_ids": decode_position(positions, 0)[:, None, None]}
     feed.update({f"past_key_values.{i}.{kv}": present[2 * i + j] for i in range(dims["num_layers"])
                  for j, kv in enumerate(("key", "value"))})
     step_logits, *_ = sess.run(None, feed)
