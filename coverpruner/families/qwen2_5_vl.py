@@ -21,6 +21,7 @@ import numpy as np
 
 from coverpruner.families.base import render_image_prompt, tokenize_layout
 from coverpruner.families.contract import ExportSpec, GridPanel, ImageSpan, NativeLayout, RequestOption, VisionInputs
+from coverpruner.families.llava import LlavaFamily
 from coverpruner.families.qwen_positions import decode_position, native_positions, pruned_positions
 from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen_vision import VISION_INPUTS, vision_inputs
@@ -73,18 +74,8 @@ class Qwen25VLFamily:
         return QwenRuntime(manifest)
 
     # ------------------------------------------------------------------ checkpoint facts (no torch)
-    def chat_template(self, model_dir: Path) -> str:
-        """chat_template.jinja, else chat_template.json / tokenizer_config.json 'chat_template'."""
-        d = Path(model_dir)
-        if (d / "chat_template.jinja").is_file():
-            return (d / "chat_template.jinja").read_text()
-        for name in ("chat_template.json", "tokenizer_config.json"):
-            if (d / name).is_file():
-                tpl = json.loads((d / name).read_text()).get("chat_template")
-                if isinstance(tpl, str):
-                    return tpl
-        raise FileNotFoundError(f"{d}: no chat template found (looked for chat_template.jinja, chat_template.json "
-                                "and tokenizer_config.json 'chat_template')")
+    # The same files as every HF checkpoint (chat_template.jinja, else a "chat_template" field of the JSON configs).
+    chat_template = LlavaFamily.chat_template
 
     def processor_settings(self, model_dir: Path) -> dict:
         """Qwen2-VL image processor settings (min/max pixels, patch/merge sizes, mean/std), flattened."""
