@@ -1,16 +1,14 @@
-"""TensorRT-RTX parses and builds every Qwen2.5-VL graph with dynamic patch / visual-token / sequence axes."""
+"""TensorRT-RTX parses and builds every Qwen2.5-VL graph of the engine dir (coverpruner-build's path) with
+dynamic patch / window / visual-token / sequence axes, profiles from the manifest's family axes."""
+
+import json
+import shutil
 
 import pytest
 
-from coverpruner.engines.tensorrt import BuildOptions, build_engine, load_tensorrt
-from coverpruner.export.onnx_io import describe_io
+from coverpruner.engines.tensorrt import BuildOptions, build_engine_dir, load_tensorrt
 
 pytestmark = [pytest.mark.tensorrt, pytest.mark.slow]
-
-# Up to the tiny preset's max_pixels (28*28*160 px): 640 patches, 160 visual tokens.
-RANGES = {"num_patches": (4, 396, 640), "num_visual": (1, 99, 160), "num_windows": (1, 12, 64),
-          "window_slots": (4, 36, 36), "batch": (1, 1, 1), "seq": (1, 150, 512),
-          "num_instruction": (1, 16, 512), "past_sequence": (0, 120, 511), "total_sequence": (1, 121, 512)}
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +19,17 @@ def trt_rtx():
     return load_tensorrt("tensorrt_rtx")
 
 
-@pytest.mark.parametrize("graph", ["vision", "embed", "probe", "decoder"])
-def test_graph_builds_with_dynamic_axes(graph, trt_rtx, qwen_graphs):
-    path = qwen_graphs / f"{graph}.onnx"
-    _, inputs, outputs = describe_io(path)
-    symbolic = {a for spec in inputs for a in spec["shape"] if isinstance(a, str)}
-    assert symbolic, f"{graph}: no dynamic axis"
-    if graph == "vision":
-        assert symbolic == {"num_patches", "num_visual", "num_windows", "window_slots"}
-    blob, record = build_engine(trt_rtx, path, graph, {"inputs": inputs}, RANGES, BuildOptions(), "fp32", "fp32")
-    assert len(blob) > 1000
-    assert set(record["profile"]) == {s["name"] for s in inputs if any(isinstance(a, str) for a in s["shape"])}
+def test_every_graph_builds_with_dynamic_axes(trt_rtx, qwen_export, tmp_path):
+    engine_dir = tmp_path / "engine_dir"
+    shutil.copytree(qwen_export, engine_dir)
+    manifest = json.loads((engine_dir / "manifest.json").read_text())
+    vision_axes = {a for spec in manifest["graphs"]["vision"]["inputs"] for a in spec["shape"] if isinstance(a, str)}
+    assert vision_axes == {"num_patches", "num_visual", "num_windows", "window_slots"}
+    section = build_engine_dir(engine_dir, BuildOptions(budgets=(16, 64), max_context=512), trt_rtx)
+    assert set(section["engines"]) == set(manifest["graphs"]) == {"vision", "embed", "probe", "selector", "decoder"}
+    vision = section["engines"]["vision"]["profile"]
+    # tiny preset: up to 160 visual tokens = 640 patches; windows of 3x3 merged tokens = 36 patches
+    assert vision["pixel_values"]["max"] == [640, 1176] and vision["window_gather"]["max"] == [160, 36]
+    assert section["engines"]["decoder"]["profile"]["position_ids"]["max"] == [3, 1, 512]
+    for rec in section["engines"].values():
+        assert (engine_dir / rec["file"]).stat().st_size > 1000
