@@ -24,8 +24,7 @@ def fp16_graphs(qwen_checkpoint, tmp_path_factory):
     from coverpruner.export.exporter import ExportOptions, export_model
 
     out = tmp_path_factory.mktemp("qwen_fp16")
-    export_model(qwen_checkpoint, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp16", graphs=("vision", "decoder"),
-                                                                        progress=False))
+    export_model(qwen_checkpoint, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp16", progress=False))
     return out
 
 
@@ -56,3 +55,18 @@ def test_fp16_vision_and_prefill_track_fp32(qwen_checkpoint, qwen_hf, fp16_graph
     logits = ort_session(fp16_graphs / "decoder.onnx").run(None, feed)[0][0, -1].astype(np.float32)
     assert np.abs(logits - ref).max() <= FP16_REL * np.abs(ref).max()
     assert int(logits.argmax()) == int(ref.argmax())
+
+
+def test_fp16_pipeline_tracks_fp32(fp16_graphs, qwen_export):
+    """The fp16 engine dir through the Pipeline: same kept set and demand within fp16 rounding, same answer."""
+    from coverpruner.runtime.pipeline import Pipeline
+
+    image, prompt = sample_image(5, (300, 250)), "What is written on the sign next to the red car?"
+    p16, p32 = Pipeline.load(fp16_graphs), Pipeline.load(qwen_export)
+    for method in ("coverpruner", "divprune"):
+        r16 = p16.generate(image, prompt, budget=16, method=method, max_new_tokens=6)
+        r32 = p32.generate(image, prompt, budget=16, method=method, max_new_tokens=6)
+        np.testing.assert_array_equal(r16.kept_indices, r32.kept_indices)
+        assert r16.token_ids == r32.token_ids
+        if method == "coverpruner":
+            np.testing.assert_allclose(r16.relevance, r32.relevance, rtol=FP16_REL)
