@@ -122,15 +122,11 @@ class Qwen25VLFamily:
             str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager", low_cpu_mem_usage=True)
         return model.eval()
 
-    def embed_tokens(self, model):
-        return model.get_input_embeddings()
-
-    def language_model(self, model):
-        """Qwen2_5_VLTextModel: takes position_ids [3, B, S] (t, h, w)."""
-        return model.model.language_model
-
-    def lm_head(self, model):
-        return model.lm_head
+    # Where the token table, the decoder stack (Qwen2_5_VLTextModel: position_ids [3, B, S]) and the LM head sit:
+    # the same attributes as in every HF *ForConditionalGeneration.
+    embed_tokens = LlavaFamily.embed_tokens
+    language_model = LlavaFamily.language_model
+    lm_head = LlavaFamily.lm_head
 
     def probe_parts(self, model):
         """Layer-0 pieces for export.modules.ProbeGraph: q/k projections with bias, GQA, and the M-RoPE
