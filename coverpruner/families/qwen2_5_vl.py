@@ -97,11 +97,17 @@ class Qwen25VLFamily:
             "patch_dim": v.in_channels * v.temporal_patch_size * v.patch_size ** 2,
         }
 
-    def token_ids(self, config) -> dict:
+    def token_ids(self, config, model_dir: Path | None = None) -> dict:
+        """Special ids; eos_token_id is generation_config.json's list when the checkpoint has one (the Instruct
+        models stop on <|im_end|> and <|endoftext|>, as HF generate does), else the text config's."""
         t = config.text_config
+        eos = t.eos_token_id
+        gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
+        if gen is not None and gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id", eos)
         return {"image_token_id": int(config.image_token_id), "vision_start_token_id": config.vision_start_token_id,
                 "vision_end_token_id": config.vision_end_token_id, "bos_token_id": t.bos_token_id,
-                "eos_token_id": t.eos_token_id, "pad_token_id": t.pad_token_id}
+                "eos_token_id": eos, "pad_token_id": t.pad_token_id}
 
     def layout(self) -> dict:
         return {
@@ -159,7 +165,7 @@ class Qwen25VLFamily:
         return {
             "dims": dims,
             "visual": {"max_visual_tokens": n_max, "position_rank": 3, "position_mode": "native"},
-            "token_ids": self.token_ids(config),
+            "token_ids": self.token_ids(config, model_dir),
             "chat_template": self.chat_template(model_dir),
             "layout": self.layout(),
             "processor": settings.to_dict(),

@@ -29,7 +29,7 @@ def native(qwen_hf, qwen_checkpoint):
 
 
 def _eos(model):
-    return {model.config.text_config.eos_token_id}
+    return set(model.generation_config.eos_token_id)  # what HF generate stops on
 
 
 def test_budget_full_equals_hf_generate(pipe, qwen_hf, native):
@@ -39,6 +39,9 @@ def test_budget_full_equals_hf_generate(pipe, qwen_hf, native):
         out = qwen_hf.generate(**req.inputs, max_new_tokens=STEPS, do_sample=False, repetition_penalty=1.0)
     assert ours.token_ids == out[0, req.inputs["input_ids"].shape[1]:].tolist()
     assert ours.num_visual_tokens == req.visual.size == 99 and ours.prompt_tokens == req.embeds.shape[1]
+    # it stops on the same ids as HF generate (generation_config: <|im_end|> and <|endoftext|>)
+    assert set(np.atleast_1d(pipe.manifest.token_ids["eos_token_id"]).tolist()) == \
+        set(qwen_hf.generation_config.eos_token_id)
 
 
 @pytest.mark.parametrize("method", ["coverpruner", "divprune"])

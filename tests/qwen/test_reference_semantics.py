@@ -19,7 +19,7 @@ def request_300x250(qwen_hf, qwen_checkpoint):
 
 
 def _eos(model):
-    return {model.config.text_config.eos_token_id}
+    return set(model.generation_config.eos_token_id)  # what HF generate stops on
 
 
 def test_full_greedy_loop_equals_hf_generate(qwen_hf, request_300x250):
