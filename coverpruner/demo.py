@@ -45,7 +45,9 @@ def prepare(workdir: Path, rebuild: bool = False) -> Path:
         write_checkpoint(ckpt, preset="tiny", seed=0)
     else:
         print(f"[1/3] reusing checkpoint {ckpt}", flush=True)
-    if rebuild or not (engine / "manifest.json").is_file():
+    from coverpruner.engine_dir import read_if_present
+
+    if rebuild or read_if_present(engine) is None:  # none yet, or one of an older format version
         print(f"[2/3] exporting ONNX graphs + manifest to {engine}", flush=True)
         export_model(ckpt, engine, "coverpruner tiny demo (random weights)", ExportOptions(progress=False))
     else:

@@ -10,9 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import coverpruner
-from coverpruner.engine_dir import FORMAT, FORMAT_VERSION
+from coverpruner.engine_dir import FORMAT, FORMAT_VERSION, MANIFEST, write_manifest
+from coverpruner.engine_dir import read_if_present as read_manifest
 from coverpruner.export.onnx_io import SavedGraph, describe_io
 from coverpruner.filehash import sha256_file
+
+__all__ = ["DEFAULTS", "MANIFEST", "build_manifest", "family_file_entries", "graph_entry", "read_manifest",
+           "write_manifest"]  # read/write are engine_dir's, re-exported for export-side tools
 
 #: Request defaults every engine dir records (the runtime's fallbacks when a request names none).
 DEFAULTS = {"budget": 64, "tau": 0.3, "method": "coverpruner"}

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
 from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_manifest, position_ids_input
+from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
@@ -118,7 +119,8 @@ class Pipeline:
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
-             session_factory: Callable | None = None, verify: bool = True, selector: str = "auto") -> "Pipeline":
+             session_factory: SessionFactory | None = None, verify: bool = True,
+             selector: str = "auto") -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
         engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
         message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
@@ -130,7 +132,8 @@ class Pipeline:
         after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
         a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
-        session_factory(name, path) -> session replaces the ORT factory (e.g. native TensorRT engines).
+        session_factory(name, path) -> session replaces the ORT factory (engines.interfaces.SessionFactory, e.g.
+        engines.trt_session.TrtSessionFactory); a session with decoder_loop() brings its own DecoderLoop.
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coverpruner.families import family_for_model_type, get_family, resolve_alias
+from coverpruner.families import family_for_model_type, family_names, get_family, resolve_alias
 from coverpruner.families.base import (
     instruction_positions_from_offsets,
     render_chat_template,
@@ -132,3 +132,24 @@ def test_llava_prepare_image_equals_hf_and_gives_crop_geometry(hf_processor, tin
     s = min(h, w)  # shortest edge -> 168, then a 168 x 168 center crop: a centred s x s square of the original
     left, top = (w - s) / 2, (h - s) / 2
     np.testing.assert_allclose(panel.box, (left, top, left + s, top + s), atol=w / 168 + h / 168)
+
+
+@pytest.mark.parametrize("name", family_names())
+def test_every_registered_family_meets_the_contract(name):
+    """Each adapter has every Family member; its request options are valid Python keywords with a default
+    that validates (the Pipeline falls back to it)."""
+    fam = get_family(name)
+    assert isinstance(fam, Family) and fam.name == name
+    for opt in fam.request_options:
+        assert opt.name.isidentifier() and opt.validate(opt.default) == opt.default
+
+
+def test_crop_box_with_pad_to_square():
+    """do_pad (LLaVA's 'pad' aspect mode): a 200 x 100 image is padded to a 200 x 200 square (50 px above and
+    below), resized to 168 and kept whole, so the grid covers y -50..150 of the original."""
+    from coverpruner.families.llava import crop_box
+    from coverpruner.runtime.preprocess import ImageSettings
+
+    s = ImageSettings(shortest_edge=168, crop_height=168, crop_width=168, do_pad=True)
+    np.testing.assert_allclose(crop_box(200, 100, s), (0, -50, 200, 150))
+    np.testing.assert_allclose(crop_box(100, 200, s), (-50, 0, 150, 200))
