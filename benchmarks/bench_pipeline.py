@@ -1,21 +1,24 @@
 """End-to-end Pipeline latency on a shape-real 7B preset (random weights, few decoder layers).
 
 Presets: llava-1.5-7b (576 visual tokens; budgets full/128/64/32; checks at 64) and llava-next-7b (a 672x672
-image: 2x2 grid + base = 2,880 candidates + 48 newline rows; budgets full/640/320/160; checks at 320).
+image: 2x2 grid + base = 2,880 candidates + 48 newline rows; budgets full/640/320/160; checks at 320) and
+qwen2.5-vl-7b (1008x1008 image = 1,296 visual tokens; budgets full/512/256/128, checks at 128, 28 real layers;
+4 vision blocks).
 For each budget (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
 fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
 select, prefill and per-token decode. Checks, all from the same run, at the preset's check budget m:
   (a) decoder prefill speed-up at m over full >= 0.9 x the ideal L_full / L_m (prefill lengths; for LLaVA-1.5
       (576+T)/(m+T), T = text tokens);
   (b) probe + select at m <= 0.25 x one decoder layer's prefill at full length (full prefill / number of layers);
-  (c) the speed-up projected to the real 32-layer decoder, 32 x per-layer prefill at full over
-      32 x per-layer prefill at the budget + probe + select, printed beside the ideal.
+  (c) the speed-up projected to the real decoder depth L (32; Qwen2.5-VL-7B 28), L x per-layer prefill at full over
+      L x per-layer prefill at the budget + probe + select, printed beside the ideal.
 llava-next-7b also times, in the same run on the run's own projector features V [2880, 4096], the selector rows
 of the paper's overhead table: similarity (cosine, centre, clip; float64) once and the greedy (numpy) per budget.
 
     python benchmarks/bench_pipeline.py                          # llava-1.5-7b: ~2 GB checkpoint, ~4 GB
     python benchmarks/bench_pipeline.py --preset llava-next-7b   # ~2 GB checkpoint, ~5 GB engine dir
     python benchmarks/bench_pipeline.py --quick                  # 1 repeat
+    python benchmarks/bench_pipeline.py --preset qwen2.5-vl-7b --repeats 3   # ~3 GB checkpoint, ~8 GB
 
 The checkpoint (coverpruner-make-checkpoint --preset <preset> --layers 2) and its fp32 engine dir are
 built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.
@@ -35,12 +38,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = {  # budgets (first is full), the budget the checks read, the image side (None: the demo as is)
-    "llava-1.5-7b": {"budgets": ("full", 128, 64, 32), "check": 64, "side": None},
-    "llava-next-7b": {"budgets": ("full", 640, 320, 160), "check": 320, "side": 672},
-}
 STAGES = ("vision", "embed", "probe", "select", "prefill")
-REAL_LAYERS = 32
+#: preset -> checkpoint preset, budgets (round-robin), budget of checks (a)/(b), real decoder depth, request options
+#: side: the demo image resized to a square of this many pixels (None: the demo as is)
+PRESETS = {
+    "llava-1.5-7b": {"budgets": ("full", 128, 64, 32), "check": 64, "real_layers": 32, "options": {}, "side": None},
+    "llava-next-7b": {"budgets": ("full", 640, 320, 160), "check": 320, "real_layers": 32, "options": {},
+                      "side": 672},
+    "qwen2.5-vl-7b": {"budgets": ("full", 512, 256, 128), "check": 128, "real_layers": 28,
+                      "options": {"image_size": (1008, 1008)}, "side": None},
+}
 
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS  # noqa: E402
@@ -66,7 +73,7 @@ def prepare(workdir: Path, layers: int, dtype: str, preset: str = "llava-1.5-7b"
     return engine
 
 
-def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets):
+def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets, options=None):
     """Round-robin over budgets ``repeats`` times (a slow spell on a shared machine hits every budget alike).
 
     Returns {budget: {"timings": medians (+ decode_per_token), prefill/prompt tokens, kept, runs}}.
@@ -75,7 +82,7 @@ def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets):
     for _ in range(repeats):
         for b in budgets:
             runs[str(b)].append(pipe.generate(image, prompt, budget=b, method=method, max_new_tokens=new_tokens,
-                                              ignore_eos=True))
+                                              ignore_eos=True, **(options or {})))
     rows = {}
     for b, rs in runs.items():
         med = {k: statistics.median(r.timings[k] for r in rs) for k in rs[0].timings}
@@ -86,7 +93,7 @@ def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets):
     return rows
 
 
-def analyse(rows: dict, n: int, layers: int, check: int) -> dict:
+def analyse(rows: dict, n: int, layers: int, check: int, real_layers: int = 32) -> dict:
     full = rows["full"]
     T = full["prompt_tokens"] - n  # tokens that are no candidate: text (+ LLaVA-NeXT's newline rows)
     per_layer_full = full["timings"]["prefill"] / layers
@@ -98,12 +105,12 @@ def analyse(rows: dict, n: int, layers: int, check: int) -> dict:
         ideal = full["prefill_tokens"] / row["prefill_tokens"]  # L_full / L_m
         measured = full["timings"]["prefill"] / t["prefill"]
         per_layer_b = t["prefill"] / layers
-        projected = (REAL_LAYERS * per_layer_full) / (REAL_LAYERS * per_layer_b + t["probe"] + t["select"])
+        projected = (real_layers * per_layer_full) / (real_layers * per_layer_b + t["probe"] + t["select"])
         out["budgets"][str(b)] = {
             "ideal_speedup": ideal, "measured_prefill_speedup": measured, "fraction_of_ideal": measured / ideal,
             "probe_plus_select_s": t["probe"] + t["select"],
             "probe_plus_select_over_layer": (t["probe"] + t["select"]) / per_layer_full,
-            "projected_32_layer_speedup": projected,
+            "projected_speedup": projected, "projected_layers": real_layers,
             "decode_per_token_speedup": full["timings"]["decode_per_token"] / t["decode_per_token"],
         }
     bm = out["budgets"][str(check)]
@@ -186,16 +193,17 @@ def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
     # right: speed-ups
     x1 = 620
     bud = list(analysis["budgets"])
-    vmax = max(max(v["ideal_speedup"], v["measured_prefill_speedup"], v["projected_32_layer_speedup"])
+    vmax = max(max(v["ideal_speedup"], v["measured_prefill_speedup"], v["projected_speedup"])
                for v in analysis["budgets"].values()) * 1.1
     d.line([x1, y0 + h, x1 + w - 40, y0 + h], fill="black")
     d.line([x1, y0, x1, y0 + h], fill="black")
     for k in range(5):
         v = vmax * k / 4
         d.text((x1 - 40, y0 + h - h * k / 4 - 6), f"{v:.1f}x", fill="black")
+    layers = next(iter(analysis["budgets"].values()))["projected_layers"]
     series = [("ideal L_full / L_m", "ideal_speedup", (150, 150, 150)),
               ("measured prefill", "measured_prefill_speedup", (60, 150, 90)),
-              ("projected 32-layer incl. probe+select", "projected_32_layer_speedup", (200, 60, 60))]
+              (f"projected {layers}-layer incl. probe+select", "projected_speedup", (200, 60, 60))]
     gw = (w - 40) / len(bud)
     for i, b in enumerate(bud):
         for j, (_, key, col) in enumerate(series):
@@ -243,9 +251,11 @@ def main(argv=None) -> int:
         image = image.resize((preset["side"], preset["side"]), Image.BICUBIC)
     prompt = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
     for b in ("full", preset["check"]):  # warm-up: ORT arenas, first-run kernel selection
-        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True)
-    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats, preset["budgets"])
-    n = rows["full"]["num_visual_tokens"]
+        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True,
+                      **preset["options"])
+    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats, preset["budgets"],
+                       preset["options"])
+    n = rows["full"]["num_visual_tokens"]  # per request (dynamic-resolution families)
     print(f"engine {engine.name}: n={n}, layers={args.layers}, provider={args.provider}, threads={args.threads}",
           flush=True)
     for b, row in rows.items():
@@ -253,14 +263,14 @@ def main(argv=None) -> int:
         print(f"budget {b:>4}: prefill {row['prefill_tokens']:4d} tok "
               + " ".join(f"{s}={med[s] * 1e3:8.1f}ms" for s in STAGES)
               + f" decode/token={med['decode_per_token'] * 1e3:7.1f}ms", flush=True)
-    analysis = analyse(rows, n, args.layers, preset["check"])
+    analysis = analyse(rows, n, args.layers, preset["check"], preset["real_layers"])
     selector_rows = selector_overhead(pipe, image, preset["budgets"][1:], repeats) if preset["side"] else None
     print(f"T = {analysis['text_tokens']} non-candidate tokens (text, newline rows); per-layer prefill at full = "
           f"{analysis['per_layer_prefill_full_s'] * 1e3:.1f} ms")
     for b, a in analysis["budgets"].items():
         print(f"budget {b:>4}: prefill speed-up {a['measured_prefill_speedup']:5.2f}x vs ideal {a['ideal_speedup']:5.2f}x"
               f" ({a['fraction_of_ideal']:.2f} of ideal); probe+select = {a['probe_plus_select_over_layer']:.3f}"
-              f" x one layer; projected 32-layer speed-up {a['projected_32_layer_speedup']:5.2f}x"
+              f" x one layer; projected {a['projected_layers']}-layer speed-up {a['projected_speedup']:5.2f}x"
               f" (ideal {a['ideal_speedup']:5.2f}x)")
     for k, ok in analysis["checks"].items():
         print(f"check {k}: {'PASS' if ok else 'FAIL'}")
@@ -272,7 +282,8 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
-        "preset": args.preset if args.engine is None else str(args.engine), "layers": args.layers, "precision": args.dtype, "method": args.method,
+        "preset": args.preset if args.engine is None else str(args.engine), "layers": args.layers,
+        "precision": args.dtype, "method": args.method, "options": preset["options"],
         "selector_backend": pipe.selector_backend,
         "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),

@@ -14,11 +14,13 @@ from functools import lru_cache
 _ADAPTERS = {
     "llava": "coverpruner.families.llava:LlavaFamily",
     "llava_next": "coverpruner.families.llava_next:LlavaNextFamily",
+    "qwen2_5_vl": "coverpruner.families.qwen2_5_vl:Qwen25VLFamily",
 }
 # HF config.model_type -> family name
 _MODEL_TYPES = {
     "llava": "llava",
     "llava_next": "llava_next",
+    "qwen2_5_vl": "qwen2_5_vl",
 }
 
 

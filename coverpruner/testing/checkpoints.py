@@ -158,10 +158,11 @@ def build_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_
 
 
 def all_presets() -> list[str]:
-    """Every preset the CLI can write (LLaVA-1.5 and LLaVA-NeXT)."""
+    """Every preset the CLI can write (LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL)."""
     from coverpruner.testing.llava_next_checkpoints import NEXT_PRESETS
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS
 
-    return sorted([*PRESETS, *NEXT_PRESETS])
+    return sorted([*PRESETS, *NEXT_PRESETS, *QWEN_PRESETS])
 
 
 def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
@@ -175,11 +176,14 @@ def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | Non
     from transformers import LlavaForConditionalGeneration
 
     from coverpruner.testing.llava_next_checkpoints import NEXT_PRESETS, write_next_checkpoint
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS, write_qwen_checkpoint
 
     if preset in NEXT_PRESETS:
         return write_next_checkpoint(output, preset, layers=layers, seed=seed, vision_layers=vision_layers)
     if vision_layers is not None:
         raise ValueError(f"--vision-layers is only supported for the LLaVA-NeXT presets, not {preset!r}")
+    if preset in QWEN_PRESETS:
+        return write_qwen_checkpoint(output, preset=preset, layers=layers, seed=seed)
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {all_presets()}")
     p = PRESETS[preset]
@@ -214,11 +218,12 @@ def _randomize(model, std: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="coverpruner-make-checkpoint",
-        description="Write a random-weight LLaVA-1.5 / LLaVA-NeXT checkpoint (HF format, real local tokenizer).",
+        description="Write a random-weight LLaVA-1.5 / LLaVA-NeXT / Qwen2.5-VL checkpoint (HF format, real local "
+                    "tokenizer).",
     )
     parser.add_argument("--preset", choices=all_presets(), default="tiny",
-                        help="tiny / llava-next-tiny: test models; llava-1.5-7b / llava-next-7b: real 7B widths "
-                             "for latency work")
+                        help="tiny / llava-next-tiny / qwen2.5-vl-tiny: test models; llava-1.5-7b / llava-next-7b / "
+                             "qwen2.5-vl-7b: real 7B widths for latency work")
     parser.add_argument("--layers", type=int, default=None,
                         help="number of decoder layers (default: tiny 2, 7b presets 32; use 2 for benchmarks)")
     parser.add_argument("--vision-layers", type=int, default=None,
