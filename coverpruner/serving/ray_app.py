@@ -1,0 +1,56 @@
+"""The same FastAPI app on Ray Serve: K replicas, each loading its own pipelines (``serve.ingress``).
+
+Each replica builds the app with ``create_app(config)`` when it starts (late-bound ingress), so every
+replica owns ``config.workers`` pipelines and their KV buffers; Ray Serve's proxy spreads requests over
+the replicas. A replica admits at most ``workers + max_queue`` requests (Ray's ``max_ongoing_requests``),
+so Ray queues or rejects (503) the rest rather than piling them onto one replica.
+"""
+
+from __future__ import annotations
+
+from coverpruner.serving.app import ServerConfig
+
+#: Requests a replica takes beyond generations (health checks, /metrics) before Ray holds them back.
+_CONTROL_SLOTS = 4
+
+
+def deployment(config: ServerConfig, replicas: int, num_cpus: float = 1.0):
+    """A bound Ray Serve application of ``replicas`` replicas serving ``config``."""
+    from ray import serve
+
+    from coverpruner.serving.app import create_app
+
+    @serve.deployment(name="coverpruner", num_replicas=replicas,
+                      max_ongoing_requests=config.workers + config.max_queue + _CONTROL_SLOTS,
+                      ray_actor_options={"num_cpus": num_cpus})
+    @serve.ingress()
+    class CoverPrunerReplica:
+        def __init__(self, cfg: ServerConfig):
+            self.cfg = cfg
+
+        def __serve_build_asgi_app__(self):
+            return create_app(self.cfg)
+
+    return CoverPrunerReplica.bind(config)
+
+
+def run(config: ServerConfig, replicas: int, host: str, port: int, address: str | None = None,
+        num_cpus: float = 1.0, blocking: bool = True) -> None:
+    """Connect to the Ray cluster at ``address`` (a new local instance when None), start Serve's HTTP
+    proxy on host:port and deploy. blocking: serve until interrupted, then shut Serve and Ray down."""
+    import ray
+    from ray import serve
+
+    ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(deployment(config, replicas, num_cpus), name="coverpruner", route_prefix="/", blocking=False)
+    if not blocking:
+        return
+    try:
+        import time
+
+        while True:
+            time.sleep(3600)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
