@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -64,8 +65,6 @@ class ServerState:
     """The pipelines, their worker pool and metrics of one server process."""
 
     def __init__(self, config: ServerConfig):
-        import os
-
         self.config = config
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
@@ -104,7 +103,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": state.model_name, "workers": state.pool.workers,
+        return {"status": "ok", "model": state.model_name, "pid": os.getpid(), "workers": state.pool.workers,
                 "running": state.pool.running, "queued": state.pool.queued}
 
     @app.get("/v1/models")
