@@ -21,6 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -55,6 +56,8 @@ class ServerConfig:
     allow_local_files: bool = False
     allow_remote_images: bool = False
     selector: str = "auto"
+    budget: int | str | None = None  # default budget when a request has none (None: the manifest's)
+    method: str | None = None  # default method when a request has none (None: the manifest's)
 
     @property
     def served_name(self) -> str:
@@ -70,6 +73,7 @@ class ServerState:
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
                                         selector=config.selector) for _ in range(config.workers)]
         self.defaults = dict(self.pipelines[0].manifest.defaults)
+        self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
         self.model_name = config.served_name
         self.created = int(time.time())
         self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
@@ -137,17 +141,25 @@ def create_app(config: ServerConfig) -> FastAPI:
             state.pool.submit(job)
         except QueueFull as exc:
             raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
+        watcher = asyncio.create_task(_watch_disconnect(job, request))
+        streaming = False
         try:
-            first = await _next_event(job, request)
-        except _ClientGone:
-            return Response(status_code=499)
-        if first[0] == "error":
-            raise _api_error_from(first[1], gen)
-        meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
-        if gen.stream:
-            return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await _complete(state, job, gen, first, meta, request)
+            first = await job.events.get()
+            if first[0] == "error":
+                raise _api_error_from(first[1], gen)
+            if first[0] == "cancelled":
+                return Response(status_code=499)  # nobody is listening
+            meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
+            if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
+                streaming = True
+                # background: also runs when the client left before the body started (then _sse never ran)
+                return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
+            return await _complete(state, job, gen, first, meta)
+        finally:
+            watcher.cancel()
+            if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
+                job.cancel()
 
     return app
 
@@ -207,10 +219,6 @@ def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
 
 # -- responses ------------------------------------------------------------------------------------
 
-class _ClientGone(Exception):
-    pass
-
-
 @dataclass
 class _Meta:
     id: str
@@ -218,20 +226,17 @@ class _Meta:
     model: str
 
 
-async def _next_event(job: Job, request: Request):
-    """The job's next event; cancels the job and raises _ClientGone when the client disconnected."""
+async def _watch_disconnect(job: Job, request: Request) -> None:
+    """Cancel ``job`` once the client has gone (checked every _DISCONNECT_POLL_S); run as a task."""
     while True:
         try:
-            return await asyncio.wait_for(job.events.get(), _DISCONNECT_POLL_S)
-        except asyncio.TimeoutError:
-            pass
-        try:
             gone = await request.is_disconnected()
-        except Exception:  # an ASGI server that cannot tell: rely on cancellation instead
-            gone = False
+        except Exception:  # an ASGI server that cannot tell: the job then runs to its end
+            return
         if gone:
             job.cancel()
-            raise _ClientGone()
+            return
+        await asyncio.sleep(_DISCONNECT_POLL_S)
 
 
 def _usage(result) -> Usage:
@@ -251,14 +256,11 @@ def _finish_reason(result, matcher: StopMatcher) -> str:
     return "stop" if matcher.stopped else _FINISH.get(result.finish_reason, result.finish_reason)
 
 
-async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta, request: Request):
+async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
     matcher, text = StopMatcher(gen.stop), []
-    try:
-        while event[0] == "piece":
-            text.append(matcher.push(event[1])[0])
-            event = await _next_event(job, request)
-    except _ClientGone:
-        return Response(status_code=499)
+    while event[0] == "piece":
+        text.append(matcher.push(event[1])[0])
+        event = await job.events.get()
     kind, value = event
     if kind == "error":
         raise _api_error_from(value, gen)

@@ -1,7 +1,8 @@
 """coverpruner-serve: an OpenAI-compatible HTTP server for an engine dir, on uvicorn or Ray Serve.
 
     coverpruner-serve ENGINE_DIR [--host 127.0.0.1] [--port 8000] [--workers N] [--provider cpu|cuda|tensorrt]
-                      [--max-queue Q] [--model-name NAME] [--allow-local-files] [--allow-remote-images]
+                      [--max-queue Q] [--model-name NAME] [--budget N|full] [--method NAME]
+                      [--allow-local-files] [--allow-remote-images]
                       [--ray --replicas K [--ray-address ADDR]]
 
 Exit codes: 0 after a clean stop, 2 bad arguments or engine dir (one line on stderr), 1 unexpected failure.
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.runtime.errors import CoverPrunerError
+from coverpruner.runtime.pipeline import METHODS, parse_budget
 
 PROG = "coverpruner-serve"
 
@@ -40,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--allow-local-files", action="store_true",
                       help="accept local image paths / file:// URLs (only for trusted clients)")
     http.add_argument("--allow-remote-images", action="store_true", help="fetch http(s):// image URLs")
+    prune = p.add_argument_group("pruning defaults (a request's own budget / method fields win)")
+    prune.add_argument("--budget", default=None,
+                       help="visual tokens to keep, or 'full' (default: the manifest's); for harnesses that cannot "
+                            "send extra body fields")
+    prune.add_argument("--method", default=None, help=f"selection method, one of {', '.join(METHODS)} "
+                                                      "(default: the manifest's)")
     eng = p.add_argument_group("engine")
     eng.add_argument("--workers", type=int, default=1, help="pipelines per process, one request each (default 1)")
     eng.add_argument("--max-queue", type=int, default=16,
@@ -70,6 +78,10 @@ def check_args(args) -> None:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.provider not in PROVIDERS:
         raise UsageError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
+    if args.budget is not None:
+        parse_budget(args.budget)  # OptionError -> one line, exit 2
+    if args.method is not None and args.method not in METHODS:
+        raise UsageError(f"unknown method {args.method!r}; expected one of {list(METHODS)}")
     if not args.ray and (args.replicas is not None or args.ray_address is not None):
         raise UsageError("--replicas and --ray-address need --ray")
     if args.replicas is not None and args.replicas < 1:
@@ -84,7 +96,7 @@ def _config(args):
     return ServerConfig(args.engine_dir, workers=args.workers, provider=args.provider, threads=args.threads,
                         max_queue=args.max_queue, model_name=args.model_name,
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
-                        selector=args.selector)
+                        selector=args.selector, budget=args.budget, method=args.method)
 
 
 def _require(module: str, extra: str) -> None:

@@ -93,3 +93,20 @@ def test_models_health_metrics(client, server):
                  "coverpruner_queue_depth", "coverpruner_errors_total"):
         assert name in metrics
     assert 'coverpruner_stage_seconds_count{stage="prefill"}' in metrics
+
+
+def test_server_default_budget_and_method(tiny_export, reference, demo_png):
+    """--budget / --method set the defaults for requests without those fields (harnesses that cannot send them)."""
+    import openai
+
+    from coverpruner.serving import ServerConfig
+    from tests.serving.conftest import start_server
+
+    want = reference.generate(Image.open(io.BytesIO(demo_png)), PROMPT, budget=12, method="divprune",
+                              max_new_tokens=8)
+    with start_server(ServerConfig(str(tiny_export), threads=1, model_name="tiny", budget=12,
+                                   method="divprune")) as url:
+        c = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        r = c.chat.completions.create(model="tiny", messages=user_message(data_url(demo_png)), max_tokens=8)
+    assert r.choices[0].message.content == want.text
+    assert r.model_extra["coverpruner"]["kept_indices"] == want.kept_indices.tolist()

@@ -3,8 +3,10 @@ away stops its generation and frees the worker."""
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
+import socket
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -77,3 +79,19 @@ def test_full_queue_503_and_disconnect_stops_generation(tiny_export, demo_png):
         assert _metric(url, 'coverpruner_requests_total{outcome="ok"}') == 0
         assert _metric(url, 'coverpruner_requests_total{outcome="rejected"}') == 1
         assert c.chat.completions.create(model="tiny", messages=msgs, max_tokens=4).choices[0].message.content
+
+        # a non-streaming client that gives up: the server notices the closed connection and stops too
+        body = json.dumps({"model": "tiny", "messages": msgs, "max_tokens": 100000, "budget": 8,
+                           "ignore_eos": True}).encode()
+        conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 20
+        while not json.loads(urllib.request.urlopen(f"{url}/health").read())["running"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+        while json.loads(urllib.request.urlopen(f"{url}/health").read())["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _metric(url, 'coverpruner_requests_total{outcome="cancelled"}') == 2
+        assert _metric(url, 'coverpruner_requests_total{outcome="ok"}') == 1
