@@ -3,7 +3,8 @@
 Each replica builds the app with ``create_app(config)`` when it starts (late-bound ingress), so every
 replica owns ``config.workers`` pipelines and their KV buffers; Ray Serve's proxy spreads requests over
 the replicas. A replica admits at most ``workers + max_queue`` requests (Ray's ``max_ongoing_requests``),
-so Ray queues or rejects (503) the rest rather than piling them onto one replica.
+and Ray's proxy holds at most ``max_queue`` more before it answers 503 itself, so the whole deployment is
+bounded like one server rather than piling requests onto one replica.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def deployment(config: ServerConfig, replicas: int, num_cpus: float = 1.0):
 
     @serve.deployment(name="coverpruner", num_replicas=replicas,
                       max_ongoing_requests=config.workers + config.max_queue + _CONTROL_SLOTS,
+                      max_queued_requests=max(config.max_queue, 1),
                       ray_actor_options={"num_cpus": num_cpus})
     @serve.ingress()
     class CoverPrunerReplica:
