@@ -211,7 +211,7 @@ def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
         code = "context_length_exceeded" if "context" in msg else "invalid_prompt"
         return bad_request(msg, "messages", code)
     if isinstance(exc, ImageError):
-        return bad_request(msg, "messages[0].content", "invalid_image")
+        return bad_request(msg, gen.image_param, "invalid_image")
     if isinstance(exc, APIError):
         return exc
     return APIError(500, f"internal error: {type(exc).__name__}: {msg}", None, "internal_error")

@@ -43,6 +43,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    image_param: str = "messages[0].content"  # field path of the image URL, for errors about the image
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
@@ -58,7 +59,7 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
     return GenerationRequest(image, prompt, options, stop, req.stream,
-                             bool(req.stream_options and req.stream_options.include_usage))
+                             bool(req.stream_options and req.stream_options.include_usage), image_param)
 
 
 def _one_turn(req: ChatCompletionRequest) -> tuple[str, str, str]:
