@@ -170,11 +170,13 @@ def plot(path: Path, results: dict, title: str) -> None:
     engines = list(results)
     fig, axes = plt.subplots(2, len(engines), figsize=(6 * len(engines), 8), squeeze=False)
     for j, name in enumerate(engines):
-        for mode, entry in results[name]["modes"].items():
+        for k, (mode, entry) in enumerate(results[name]["modes"].items()):
             cs = [lv["concurrency"] for lv in entry["levels"]]
-            axes[0][j].plot(cs, [lv["throughput_rps"] for lv in entry["levels"]], "o-", label=mode)
-            axes[1][j].plot(cs, [lv["p50_s"] * 1e3 for lv in entry["levels"]], "o-", label=f"{mode} p50")
-            axes[1][j].plot(cs, [lv["p95_s"] * 1e3 for lv in entry["levels"]], "s--", label=f"{mode} p95")
+            color = f"C{k}"  # one colour per server mode; p95 dashed
+            axes[0][j].plot(cs, [lv["throughput_rps"] for lv in entry["levels"]], "o-", color=color, label=mode)
+            axes[1][j].plot(cs, [lv["p50_s"] * 1e3 for lv in entry["levels"]], "o-", color=color, label=f"{mode} p50")
+            axes[1][j].plot(cs, [lv["p95_s"] * 1e3 for lv in entry["levels"]], "s--", color=color,
+                            label=f"{mode} p95")
         axes[0][j].set_title(f"{name}: throughput")
         axes[0][j].set_ylabel("requests / s")
         axes[1][j].set_title(f"{name}: latency")
@@ -192,6 +194,11 @@ def plot(path: Path, results: dict, title: str) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plot_title() -> str:
+    return (f"coverpruner-serve, single process (2 workers) vs Ray Serve (2 replicas), {os.cpu_count()} CPUs, "
+            "fixed answer length")
 
 
 def main(argv=None) -> int:
@@ -236,8 +243,7 @@ def main(argv=None) -> int:
         "setup": {"single": "uvicorn, 1 process, 2 workers x 1 ORT thread",
                   "ray": "Ray Serve, 2 replicas x 1 worker x 1 ORT thread, local Ray"},
         "latency_unit": "seconds", "results": results}, indent=2))
-    plot(out.with_suffix(".png"), results, f"coverpruner-serve, single process (2 workers) vs Ray Serve (2 replicas), "
-                                           f"{os.cpu_count()} CPUs, fixed answer length")
+    plot(out.with_suffix(".png"), results, plot_title())
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 
