@@ -88,7 +88,7 @@ class Server:
         self.startup_s = time.monotonic() - t0
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(180)
         except subprocess.TimeoutExpired:

@@ -117,8 +117,10 @@ def run(args) -> int:
     if not (Path(args.engine_dir) / "manifest.json").is_file():  # fail before Ray starts; Pipeline.load checks the rest
         raise UsageError(f"{args.engine_dir}: not an engine dir (no manifest.json)")
     config = _config(args)
-    # SIGTERM (docker stop, kill) shuts down as cleanly as Ctrl-C: Ray's local processes go with us
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM (docker stop, kill) stops as cleanly as Ctrl-C, and Ctrl-C works also when the shell started us
+    # with SIGINT ignored; uvicorn re-raises the signal it caught after its graceful shutdown, which lands here
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     if args.ray:
         _require("ray", "serve-ray")
         from coverpruner.serving import ray_app

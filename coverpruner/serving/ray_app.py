@@ -9,6 +9,9 @@ bounded like one server rather than piling requests onto one replica.
 
 from __future__ import annotations
 
+import signal
+import time
+
 from coverpruner.serving.app import ServerConfig
 
 #: Requests a replica takes beyond generations (health checks, /metrics) before Ray holds them back.
@@ -44,15 +47,28 @@ def run(config: ServerConfig, replicas: int, host: str, port: int, address: str 
     from ray import serve
 
     ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(config, replicas, num_cpus), name="coverpruner", route_prefix="/", blocking=False)
-    if not blocking:
-        return
+    if blocking:
+        # Stop on SIGINT and SIGTERM alike, also when started with SIGINT ignored (a background job of a
+        # non-interactive shell); installed after ray.init, whose own SIGTERM handler logs and exits without
+        # shutting Serve down (seen in the CLI test).
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _interrupt)
     try:
-        import time
-
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(config, replicas, num_cpus), name="coverpruner", route_prefix="/", blocking=False)
+        if not blocking:
+            return
         while True:
             time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        if blocking:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the clean-up short
+                signal.signal(sig, signal.SIG_IGN)
+            serve.shutdown()
+            ray.shutdown()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()

@@ -25,11 +25,17 @@ PROMPT = "What is shown in this image?"
 @contextlib.contextmanager
 def start_server(config):
     """Run create_app(config) under uvicorn in a daemon thread; yield 'http://127.0.0.1:PORT'."""
-    import uvicorn
-
     from coverpruner.serving import create_app
 
-    app = create_app(config)
+    with serve_app(create_app(config)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app(app):
+    """Run a built app under uvicorn in a daemon thread on a free loopback port; yield its base URL."""
+    import uvicorn
+
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))

@@ -79,7 +79,7 @@ def _serve(engine, *extra, log: Path) -> tuple[subprocess.Popen, str]:
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 60) -> int:
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
