@@ -29,7 +29,7 @@ from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError
 from coverpruner.serving.errors import APIError, bad_request
 from coverpruner.serving.metrics import ServerMetrics
-from coverpruner.serving.request import GenerationRequest, build_request, option_param
+from coverpruner.serving.request import GenerationRequest, build_request, option_param, pipeline_options
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving.stop import StopMatcher
@@ -75,6 +75,7 @@ class ServerState:
         self.defaults = dict(self.pipelines[0].manifest.defaults)
         self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
         self.model_name = config.served_name
+        self.options = pipeline_options(self.pipelines[0])  # extra body fields: pipeline + family options
         self.created = int(time.time())
         self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
         self.metrics = ServerMetrics(self.pool)
@@ -131,7 +132,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
-                                      config.allow_remote_images)
+                                      config.allow_remote_images, state.options)
         try:  # Pipeline.stream checks every option at the call, before any work (the generator is not started)
             state.pipelines[0].stream(gen.image, gen.prompt, **gen.options)
         except CoverPrunerError as exc:

@@ -24,13 +24,18 @@ _MAPPED = {"self", "image", "prompt", "max_new_tokens", "temperature", "top_p", 
 DEFAULT_MAX_TOKENS = 128
 
 
-def pipeline_options() -> dict:
-    """Extra body fields the server accepts: keyword arguments of both Pipeline.generate and .stream
-    that no OpenAI field maps to -> their defaults."""
+def pipeline_options(pipeline=None) -> dict:
+    """Extra body fields the server accepts -> their defaults: keyword arguments of both Pipeline.generate and
+    .stream that no OpenAI field maps to, plus the loaded family's request options when the pipeline lists
+    them (``Pipeline.family_options()``, taken through ``**options``)."""
     params = [inspect.signature(f).parameters for f in (Pipeline.generate, Pipeline.stream)]
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return {name: p.default for name, p in params[1].items()
-            if name not in _MAPPED and p.kind in kinds and name in params[0]}
+    options = {name: p.default for name, p in params[1].items()
+               if name not in _MAPPED and p.kind in kinds and name in params[0]}
+    family_options = getattr(pipeline, "family_options", None)
+    if callable(family_options):
+        options.update(family_options())
+    return options
 
 
 @dataclass
@@ -47,14 +52,15 @@ class GenerationRequest:
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
-                  allow_remote_images: bool) -> GenerationRequest:
+                  allow_remote_images: bool, allowed: dict | None = None) -> GenerationRequest:
     """Check the messages and options; decode the image. Raises APIError(400) naming the field.
 
     defaults: the engine manifest's defaults (``budget``, ``method``) used when the body has none.
+    allowed: the extra fields accepted (default ``pipeline_options()`` without a loaded pipeline).
     """
     prompt, image_url, image_param = _one_turn(req)
     image = load_image_url(image_url, image_param, allow_local_files, allow_remote_images)
-    options = _options(req, defaults)
+    options = _options(req, defaults, pipeline_options() if allowed is None else allowed)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
@@ -103,8 +109,7 @@ def _one_turn(req: ChatCompletionRequest) -> tuple[str, str, str]:
     return prompt, images[0][1], images[0][0]
 
 
-def _options(req: ChatCompletionRequest, defaults: dict) -> dict:
-    allowed = pipeline_options()
+def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
     extra = dict(req.model_extra or {})
     unknown = sorted(set(extra) - set(allowed))
     if unknown:

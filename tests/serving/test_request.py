@@ -38,6 +38,29 @@ def test_options_follow_the_pipeline_signature(monkeypatch, demo_png):
     assert info.value.status == 400 and info.value.param == "ignore_eos"
 
 
+class _KwargsPipeline:
+    """Stands in for a Pipeline that takes family options through **options and lists them."""
+
+    def generate(self, image, prompt, budget=64, method="coverpruner", max_new_tokens=128, **options):
+        raise NotImplementedError
+
+    stream = generate
+
+    def family_options(self):
+        return {"image_size": 448}
+
+
+def test_family_options_listed_by_the_pipeline(monkeypatch, demo_png):
+    monkeypatch.setattr(request_mod, "Pipeline", _KwargsPipeline)
+    allowed = request_mod.pipeline_options(_KwargsPipeline())
+    assert allowed == {"budget": 64, "method": "coverpruner", "image_size": 448}
+    gen = request_mod.build_request(_req(demo_png, image_size=336), {}, False, False, allowed)
+    assert gen.options["image_size"] == 336
+    with pytest.raises(APIError) as info:
+        request_mod.build_request(_req(demo_png, newline_policy="keep"), {}, False, False, allowed)
+    assert info.value.param == "newline_policy"
+
+
 def test_current_pipeline_options_and_manifest_defaults(demo_png):
     assert {"budget", "method", "tau"} <= set(request_mod.pipeline_options())
     gen = request_mod.build_request(_req(demo_png), {"budget": 48, "method": "divprune"}, False, False)
