@@ -284,7 +284,7 @@ def main(argv=None) -> int:
         "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
         "preset": args.preset if args.engine is None else str(args.engine), "layers": args.layers,
         "precision": args.dtype, "method": args.method, "options": preset["options"],
-        "selector_backend": pipe.selector_backend,
+        "selector_backend": pipe.selector_backend, "selector_at_n": pipe.selector_for(n),
         "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},

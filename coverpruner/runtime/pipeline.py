@@ -70,6 +70,13 @@ class TextStream:
 
 
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
+#: selector="auto" runs selector.onnx for images of at most this many candidates and the numpy incremental
+#: greedy above. The loop graph recomputes every gain at every step, O(m n^2); numpy updates only the rows whose
+#: coverage rose. Measured on the project's 2-core CPU (docs/performance.md): LLaVA-NeXT n = 2,880, m = 320:
+#: selector.onnx 3.2 s against numpy's 0.58 s (similarity + greedy), which put probe + select over a quarter of a
+#: decoder layer; at LLaVA-1.5's n = 576 and Qwen2.5-VL's 1,296 (1008 x 1008) the ONNX path is the faster pipeline
+#: because numpy's OpenBLAS threads keep spinning into the prefill.
+AUTO_ONNX_MAX_CANDIDATES = 1536
 
 
 class Pipeline:
@@ -80,11 +87,12 @@ class Pipeline:
     the consumer spends between pieces.
     """
 
-    def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu"):
+    def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu", selector: str = "auto"):
         self.manifest = manifest
         self.provider = provider
-        #: "onnx" when a selector.onnx session runs the coverpruner method, else "numpy"
-        self.selector_backend = "onnx" if "selector" in sessions else "numpy"
+        #: how the coverpruner method selects: "auto" (selector.onnx up to AUTO_ONNX_MAX_CANDIDATES candidates,
+        #: numpy above), "onnx" or "numpy"; "numpy" whenever no selector.onnx session was opened
+        self.selector_backend = selector if "selector" in sessions else "numpy"
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
@@ -127,8 +135,9 @@ class Pipeline:
 
         selector: how the coverpruner method runs. 'onnx': the dir's selector.onnx on the provider (same
         indices as coverpruner.selection up to float near-ties); 'numpy': coverpruner.selection; 'auto'
-        (default): 'onnx' when the dir has a standard-op (loop) selector.onnx, else 'numpy'. On CPU the ONNX
-        path also keeps the prefill fast: numpy's OpenBLAS threads keep spinning for tens of milliseconds
+        (default): when the dir has a standard-op (loop) selector.onnx, 'onnx' for images of at most
+        AUTO_ONNX_MAX_CANDIDATES candidates and 'numpy' above (the loop graph costs O(m n^2)), else 'numpy'
+        (`selector_for(n)` says which). On CPU the ONNX path keeps the prefill fast: numpy's OpenBLAS threads keep spinning for tens of milliseconds
         after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
         a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
@@ -143,7 +152,7 @@ class Pipeline:
         manifest = load_manifest(Path(path), verify=verify)
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
-            selector = "onnx" if has_loop else "numpy"
+            selector = "auto" if has_loop else "numpy"
         try:
             if session_factory is None and provider == "tensorrt" and manifest.raw.get("tensorrt"):
                 # native engines; the decoder engine's session brings its own GPU KV-cache loop
@@ -153,14 +162,20 @@ class Pipeline:
             factory = session_factory or OrtSessionFactory(provider, threads, manifest=manifest.raw)
         except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
             raise OptionError(str(exc).splitlines()[0]) from None
-        names = REQUIRED_GRAPHS + (("selector",) if selector == "onnx" else ())
+        names = REQUIRED_GRAPHS + (("selector",) if selector in ("onnx", "auto") else ())
         sessions = {}
         for name in names:
             try:
                 sessions[name] = factory(name, graph_spec(manifest, name).path)
             except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        return cls(manifest, sessions, provider)
+        return cls(manifest, sessions, provider, selector)
+
+    def selector_for(self, n: int) -> str:
+        """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"."""
+        if self.selector_backend == "auto":
+            return "onnx" if n <= AUTO_ONNX_MAX_CANDIDATES else "numpy"
+        return self.selector_backend
 
     # -- stages -----------------------------------------------------------------------------
     def vision(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -295,7 +310,7 @@ class Pipeline:
 
         if budget is None:
             keep = np.arange(n, dtype=np.int64)
-        elif method == "coverpruner" and self.selector_backend == "onnx":
+        elif method == "coverpruner" and self.selector_for(n) == "onnx":
             keep = self.select_onnx(feats, relevance, budget, tau)
             times["select"], t = time.perf_counter() - t, time.perf_counter()
         else:

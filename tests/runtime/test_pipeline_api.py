@@ -89,7 +89,8 @@ def test_eos_stops_unless_ignored(engine_copy, demo_image):
 
 
 def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, demo_image, engine_copy):
-    assert pipe.selector_backend == "onnx", "auto picks the dir's loop-form selector.onnx"
+    assert pipe.selector_backend == "auto", "auto keeps the dir's loop-form selector.onnx"
+    assert pipe.selector_for(144) == "onnx" and pipe.selector_for(2880) == "numpy"
     numpy_pipe = Pipeline.load(tiny_export, selector="numpy")
     assert numpy_pipe.selector_backend == "numpy"
     for budget in (64, 16):
@@ -98,6 +99,7 @@ def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, de
         assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
     with pytest.raises(OptionError, match="unknown selector backend"):
         Pipeline.load(tiny_export, selector="cuda-kernel")
+    assert Pipeline.load(tiny_export, selector="onnx").selector_for(2880) == "onnx"
     # a dir exported without selector.onnx (or with the TensorRT-only plugin form) selects in numpy
     manifest = json.loads((engine_copy / "manifest.json").read_text())
     manifest["selector_form"] = "plugin"
@@ -106,6 +108,23 @@ def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, de
     del manifest["graphs"]["selector"]
     (engine_copy / "manifest.json").write_text(json.dumps(manifest))
     assert Pipeline.load(engine_copy).selector_backend == "numpy"
+
+
+def test_auto_selector_switches_to_numpy_above_the_candidate_bound(pipe, demo_image, monkeypatch):
+    """selector="auto": selector.onnx runs up to AUTO_ONNX_MAX_CANDIDATES candidates (the tiny image has 144),
+    the numpy greedy above; both keep the same tokens."""
+    import coverpruner.runtime.pipeline as pipeline_mod
+
+    calls = []
+    real = pipe.select_onnx
+    monkeypatch.setattr(pipe, "select_onnx", lambda *a: calls.append(1) or real(*a))
+    onnx_run = pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
+    assert calls == [1]
+    monkeypatch.setattr(pipeline_mod, "AUTO_ONNX_MAX_CANDIDATES", 143)
+    numpy_run = pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
+    assert calls == [1], "above the bound the numpy greedy selects"
+    assert numpy_run.kept_indices.tolist() == onnx_run.kept_indices.tolist()
+    assert numpy_run.token_ids == onnx_run.token_ids
 
 
 @pytest.mark.gpu
