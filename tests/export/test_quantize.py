@@ -240,3 +240,26 @@ def test_tensorrt_build_refuses_the_ort_form(quantized, tmp_path):
     d = shutil.copytree(quantized["ort", "int4"], tmp_path / "engine")
     with pytest.raises(TensorRTBuildError, match="MatMulNBits.*--quant-format qdq"):
         build_engine_dir(d, BuildOptions(graphs=("decoder",)), TrtModule(None, "tensorrt", "0"))
+
+
+@pytest.mark.slow
+def test_vision_and_decoder_quantize_together_and_run(tiny_export, tmp_path):
+    """--quantize-graphs decoder,vision: both graphs rewritten (the vision tower's Conv patch embedding has a
+    4-D weight and stays float), recorded, and the pipeline answers with all visual tokens still present."""
+    from coverpruner.runtime import Pipeline
+
+    d = shutil.copytree(tiny_export, tmp_path / "engine")
+    res = quantize_engine_dir(d, QuantOptions(dtype="int8", form="qdq", graphs=("decoder", "vision")))
+    assert res.record["graphs"]["vision"]["quantized_matmuls"] > 0
+    assert res.written_bytes["vision"] < res.removed_bytes["vision"]
+    got = Pipeline.load(d, provider="cpu", threads=1).generate(sample_image(1), PROMPT, budget=16, max_new_tokens=3)
+    assert len(got.kept_indices) == 16 and got.token_ids
+
+
+def test_quantize_refuses_a_missing_graph_file(engine_dir_copy):
+    from coverpruner.export.quant import QuantizeError
+
+    (engine_dir_copy / "decoder.onnx").unlink()
+    with pytest.raises(QuantizeError, match="decoder.onnx: listed in manifest graphs.decoder but missing"):
+        quantize_engine_dir(engine_dir_copy, QuantOptions())
+    assert not (engine_dir_copy / ".quantize-tmp").exists()

@@ -201,6 +201,9 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
         raise QuantizeError(f"{directory / MANIFEST}: --quantize-graphs {missing} not in graphs "
                             f"(have {sorted(manifest['graphs'])})")
     for g in opts.graphs:
+        if not (directory / manifest["graphs"][g]["file"]).is_file():
+            raise QuantizeError(f"{directory / manifest['graphs'][g]['file']}: listed in manifest graphs.{g} but "
+                                "missing")
         found = quantized_ops(directory / manifest["graphs"][g]["file"])
         if found:
             raise QuantizeError(f"{directory / manifest['graphs'][g]['file']}: already quantized (has {found}); "
@@ -213,8 +216,11 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
     try:
         for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
             entry = manifest["graphs"][g]
+            try:
+                model = onnx.load(str(directory / entry["file"]))  # with external data
+            except (OSError, onnx.checker.ValidationError) as exc:
+                raise QuantizeError(f"{directory / entry['file']}: cannot be read ({exc})") from exc
             before[g] = graph_bytes(directory, entry)
-            model = onnx.load(str(directory / entry["file"]))  # with external data
             model, records[g] = _quantize_model(model, g, opts, manifest["dims"]["vocab_size"])
             nbytes = sum(t.ByteSize() for t in model.graph.initializer)
             external = bool(entry.get("data_files")) or nbytes > EXTERNAL_DATA_BYTES
