@@ -142,7 +142,7 @@ def child_logits(engine: Path, out: Path, sequences: int, length: int) -> dict:
     return {"shape": list(logits.shape)}
 
 
-def child_quantize(src: Path, dst: Path, dtype: str, graphs: str) -> dict:
+def child_quantize(src: Path, dst: Path, dtype: str, graphs: str, accuracy_level: str = "none") -> dict:
     from coverpruner.export.quant import QuantOptions, quantize_engine_dir
 
     shutil.rmtree(dst, ignore_errors=True)
@@ -150,7 +150,10 @@ def child_quantize(src: Path, dst: Path, dtype: str, graphs: str) -> dict:
     for f in src.iterdir():  # a copy: onnx refuses external data with several hard links
         shutil.copy2(f, dst / f.name)
     t0 = time.perf_counter()
-    res = quantize_engine_dir(dst, QuantOptions(dtype=dtype, graphs=tuple(graphs.split(","))))
+    opts = QuantOptions(dtype=dtype, graphs=tuple(graphs.split(",")))
+    if accuracy_level != "none":
+        opts.accuracy_level = int(accuracy_level)
+    res = quantize_engine_dir(dst, opts)
     return {"quantize_s": time.perf_counter() - t0, "peak_rss_gib": _status_kib("VmHWM") / 2**20,
             "record": res.record, "bytes_before": res.removed_bytes, "bytes_after": res.written_bytes}
 
@@ -260,7 +263,7 @@ def plot(result: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = {r["precision"]: r for r in result["rows"]}
-    ps = [p for p in PRECISIONS if p in rows]
+    ps = list(rows)
     fig, ax = plt.subplots(1, 4, figsize=(17, 4.2))
     ax[0].bar(ps, [rows[p]["file_bytes"] / 2**30 for p in ps], color="#4c72b0")
     ax[0].set_title(f"decoder file ({result['layers']} layers), GiB")
@@ -273,6 +276,7 @@ def plot(result: dict, png: Path) -> None:
     ax[2].bar(ps, [rows[p]["decode_ms_per_token"] for p in ps], color="#55a868")
     ax[2].set_title("decode ms / token")
     proj = {r["precision"]: r for r in result["projection"]}
+    ps = list(PRECISIONS)
     bottom = np.zeros(len(ps))
     for key, label, color in (("decoder_gb", "decoder weights", "#4c72b0"), ("vision_embed_gb", "vision + embed",
                                                                                "#8172b2"),
@@ -301,6 +305,9 @@ def main() -> None:
     p.add_argument("--sequences", type=int, default=3, help="teacher-forced sequences")
     p.add_argument("--length", type=int, default=24, help="tokens per teacher-forced sequence")
     p.add_argument("--probe-cases", type=int, default=6)
+    p.add_argument("--variants", default=",".join(PRECISIONS),
+                   help="fp32, fp16, int8, int4 (library defaults) and int8-aN / int4-aN (MatMulNBits "
+                        "accuracy_level N)")
     p.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -309,7 +316,7 @@ def main() -> None:
               "latency": lambda *es: child_latency([Path(e) for e in es], args.threads, args.repeats,
                                                    args.decode_steps),
               "logits": lambda e, o: child_logits(Path(e), Path(o), args.sequences, args.length),
-              "quantize": lambda s, d, t, g: child_quantize(Path(s), Path(d), t, g),
+              "quantize": lambda s, d, t, g, a="none": child_quantize(Path(s), Path(d), t, g, a),
               "probe": lambda o, *es: child_probe([Path(e) for e in es], args.probe_cases, Path(o))}[kind]
         print(json.dumps(fn(*rest)))
         return
@@ -326,14 +333,19 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "coverpruner.export.cli", "--model", str(ckpt), "--output",
                             str(engines[dt]), "--dtype", dt, "--graphs", graphs, "--no-progress"], check=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    variants = args.variants.split(",")
+    if variants[0] != "fp32":
+        raise SystemExit("--variants must start with fp32 (the reference)")
     quant = {}
-    for dt in ("int8", "int4"):
-        engines[dt] = work / dt
-        quant[dt] = _run_child("quantize", str(engines["fp32"]), str(engines[dt]), dt, "decoder")
-        print(f"quantized {dt}: {quant[dt]['quantize_s']:.1f}s, peak RSS {quant[dt]['peak_rss_gib']:.2f} GiB",
-              flush=True)
+    for v in variants:
+        if v.startswith("int"):
+            dt, _, acc = v.partition("-a")
+            engines[v] = work / v
+            quant[v] = _run_child("quantize", str(engines["fp32"]), str(engines[v]), dt, "decoder", acc or "none")
+            print(f"quantized {v}: {quant[v]['quantize_s']:.1f}s, peak RSS {quant[v]['peak_rss_gib']:.2f} GiB",
+                  flush=True)
     rows = []
-    for prec in PRECISIONS:
+    for prec in variants:
         e = engines[prec]
         entry = json.loads((e / "manifest.json").read_text())["graphs"]["decoder"]
         row = {"precision": prec, "file_bytes": sum((e / f).stat().st_size
@@ -342,7 +354,7 @@ def main() -> None:
         rows.append(row)
         print(f"{prec}: file {row['file_bytes'] / 2**30:.2f} GiB load {row['load_s']:.2f}s peak "
               f"{row['peak_rss_gib']:.2f} GiB", flush=True)
-    for row, lat in zip(rows, _run_child("latency", *(str(engines[p]) for p in PRECISIONS))):
+    for row, lat in zip(rows, _run_child("latency", *(str(engines[p]) for p in variants))):
         row.update(lat)
         print(f"{row['precision']}: prefill full {row['prefill_full_ms']:.0f} ms / 64 {row['prefill_budget_ms']:.0f} ms,"
               f" decode {row['decode_ms_per_token']:.1f} ms/token", flush=True)
@@ -350,12 +362,12 @@ def main() -> None:
     from coverpruner.export.quant.compare import logit_agreement
 
     logits = {}
-    for prec in PRECISIONS:
+    for prec in variants:
         f = work / f"logits_{prec}.npy"
         _run_child("logits", str(engines[prec]), str(f))
         logits[prec] = np.load(f)
     accuracy = {}
-    for prec in PRECISIONS[1:]:
+    for prec in variants[1:]:
         a = logit_agreement(logits["fp32"], logits[prec])
         a["disagree_margins"] = a["disagree_margins"][:10]
         accuracy[prec] = a
@@ -383,7 +395,7 @@ def main() -> None:
     counts = param_counts()
     counts2 = param_counts(args.layers)
     for r in rows:
-        r["predicted_file_bytes"] = predicted_file_bytes(counts2, r["precision"])
+        r["predicted_file_bytes"] = predicted_file_bytes(counts2, r["precision"].split("-")[0])
     import onnxruntime
 
     result = {
@@ -403,7 +415,8 @@ def main() -> None:
         "teacher_forced": {"sequences": args.sequences, "length": args.length, "prefill": 8},
         "param_counts_32l": counts, "projection": projection(counts),
     }
-    out = ROOT / "benchmarks" / "results" / f"quant_llava-1.5-7b_{args.layers}l.json"
+    tag = "" if args.variants == ",".join(PRECISIONS) else "_" + args.variants.replace(",", "_")
+    out = ROOT / "benchmarks" / "results" / f"quant_llava-1.5-7b_{args.layers}l{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))
     print(f"wrote {out} and {out.with_suffix('.png')}")
