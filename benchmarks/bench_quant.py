@@ -271,10 +271,12 @@ def plot(result: dict, png: Path) -> None:
     ax[1].bar(x - 0.2, [rows[p]["prefill_full_ms"] for p in ps], 0.4, label=f"full ({576 + TEXT_TOKENS} tok)")
     ax[1].bar(x + 0.2, [rows[p]["prefill_budget_ms"] for p in ps], 0.4, label=f"budget 64 ({64 + TEXT_TOKENS} tok)")
     ax[1].set_xticks(x, ps)
-    ax[1].set_title("prefill ms (CPU, 2 threads)")
+    ax[1].set_title("prefill ms (CPU, 2 threads, log)")
+    ax[1].set_yscale("log")
     ax[1].legend(fontsize=8)
     ax[2].bar(ps, [rows[p]["decode_ms_per_token"] for p in ps], color="#55a868")
-    ax[2].set_title("decode ms / token")
+    ax[2].set_title("decode ms / token (log)")
+    ax[2].set_yscale("log")
     proj = {r["precision"]: r for r in result["projection"]}
     ps = list(PRECISIONS)
     bottom = np.zeros(len(ps))
@@ -286,10 +288,10 @@ def plot(result: dict, png: Path) -> None:
         bottom += vals
     for name, gb in DEVICES.items():
         ax[3].axhline(gb - RESERVE_GB, ls="--", lw=0.8, color="gray")
-        ax[3].text(len(ps) - 0.5, gb - RESERVE_GB, f"{name} - {RESERVE_GB} GB", fontsize=7, va="bottom", ha="right")
-    ax[3].set_ylim(0, 36)
+        ax[3].text(len(ps) - 0.5, gb - RESERVE_GB, f"{name} usable", fontsize=7, va="bottom", ha="right")
+    ax[3].set_ylim(0, 66)
     ax[3].set_title("32-layer 7B on Orin: GB needed")
-    ax[3].legend(fontsize=7, loc="upper right")
+    ax[3].legend(fontsize=7, loc="center right")
     fig.suptitle("Weight-only quantization, LLaVA-1.5-7B shape-real preset, ONNX Runtime CPU")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

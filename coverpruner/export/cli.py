@@ -51,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quantize-graphs", default="decoder", metavar="decoder[,vision,probe,embed]",
                    help="graphs to quantize (default decoder)")
     q.add_argument("--accuracy-level", type=int, default=None,
-                   help="MatMulNBits compute type (ort form): 0 input type, 1 fp32, 2 fp16, 3 bf16, 4 int8")
+                   help="MatMulNBits compute type (ort form): 0 input type, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
+                        "(default 4: ORT's CPU has no fast 8-bit kernel otherwise)")
     q.add_argument("--keep-lm-head-float", action="store_true", help="leave the decoder's lm_head unquantized")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p

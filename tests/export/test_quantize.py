@@ -61,7 +61,7 @@ def test_ort_form_is_matmulnbits_without_float_weights(tiny_export, quantized, d
     # 7 projections per layer x 2 layers + lm_head; attention's activation MatMuls stay
     assert len(nbits) == record["graphs"]["decoder"]["quantized_matmuls"] == len(original) == 15
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in nbits[0].attribute}
-    assert attrs["bits"] == bits and attrs["block_size"] == 32
+    assert attrs["bits"] == bits and attrs["block_size"] == 32 and attrs["accuracy_level"] == 4
     assert not any(n.op_type == "MatMul" and n.input[1] in original for n in model.graph.node)
     _assert_no_float_copy(original, model, expect_left=0)
     assert (d / "decoder.onnx").stat().st_size < (tiny_export / "decoder.onnx").stat().st_size * 0.55
@@ -112,6 +112,7 @@ def test_manifest_records_quantization_and_new_hashes(tiny_export, quantized):
         q = m.raw["quantization"]
         assert (q["format"], q["dtype"], q["block_size"], q["symmetric"]) == (form, dtype, 32, form == "qdq")
         assert m.precision == "fp32" and q["lm_head"] is True and list(q["graphs"]) == ["decoder"]
+        assert q["accuracy_level"] == (4 if form == "ort" else None)
         before = json.loads((tiny_export / "manifest.json").read_text())["graphs"]
         assert m.raw["graphs"]["decoder"]["sha256"] != before["decoder"]["sha256"]
         assert m.raw["graphs"]["vision"]["sha256"] == before["vision"]["sha256"]
@@ -152,19 +153,20 @@ def teacher_forced(tiny_export, quantized):
 @pytest.mark.slow
 def test_int8_logits_stay_within_the_measured_bound(teacher_forced):
     """Bound from measurement (docs/quantization.md): RTN with B=32 puts each weight within half a step,
-    step = block range / 255 (int8) ~ 1/60 of the weights' std, i.e. ~0.5% error per MatMul; 15 MatMuls and
-    two residual layers compound that to a measured 1.7% (ort) / 2.4% (qdq) mean and 3.1% / 4.1% max
-    relative logit error. The bound, rel_err_max <= 0.08, is 2x the worst measured form: room for another
-    CPU's kernels, yet ~6x below int4's 0.49, so it fails if int8 were stored as 4 bits or blocks were
-    misaligned. Random tiny weights give many near-tied logits (top-2 gap < 0.01), so top-1 agreement is held
-    through the margin: every argmax flip must be a near-tie the measured error can explain."""
+    step = block range / 255 (int8) ~ 1/60 of the weights' std, i.e. ~0.5% error per MatMul (0.7% with the
+    ORT form's int8 activations, accuracy_level 4); 15 MatMuls and two residual layers compound that to a
+    measured 2.7% (ort) / 2.4% (qdq) mean and 4.7% / 4.1% max relative logit error. The bound, rel_err_max <=
+    0.1, is 2x the worst measured form: room for another CPU's kernels, yet ~5x below int4's 0.49, so it fails
+    if int8 were stored as 4 bits or blocks were misaligned. Random tiny weights give many near-tied logits
+    (top-2 gap ~0.01), so top-1 agreement is held through the margin: every argmax flip must be a near-tie the
+    measured error can explain."""
     ref, got = teacher_forced
     report = {}
     for key, logits in got.items():
         a = logit_agreement(ref, logits)
         report["/".join(key)] = {k: round(v, 5) for k, v in a.items() if isinstance(v, float)}
         if key[1] == "int8":
-            assert a["rel_err_max"] <= 0.08 and a["cosine_min"] >= 0.996, (key, a)
+            assert a["rel_err_max"] <= 0.1 and a["cosine_min"] >= 0.996, (key, a)
             assert all(m <= 2 * a["max_abs_err"] for m in a["disagree_margins"]), (key, a)
             assert a["top1"] >= 0.9, (key, a)
     print(json.dumps(report, indent=1))

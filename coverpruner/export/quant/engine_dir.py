@@ -5,7 +5,7 @@ quantized block-wise along K, and the graph is written back; the manifest's grap
 data files) is rewritten through the export's manifest writer and a `quantization` record is added:
 
     "quantization": {"method": "rtn-blockwise", "bits": 4, "dtype": "int4", "block_size": 32, "format": "ort",
-                     "symmetric": false, "accuracy_level": null, "lm_head": true, "embeddings": false,
+                     "symmetric": false, "accuracy_level": 4, "lm_head": true, "embeddings": false,
                      "graphs": {"decoder": {"quantized_matmuls": 15, "float_matmuls_left": 4}},
                      "tool": "onnxruntime.quantization.MatMulNBitsQuantizer 1.31.1"}
 
@@ -34,6 +34,7 @@ QUANT_GRAPHS = ("decoder", "vision", "probe", "embed")
 #: Weight-only ops this pass writes; a graph holding any of them is already quantized.
 QUANT_OPS = ("MatMulNBits", "DequantizeLinear", "GatherBlockQuantized")
 TMP_DIR = ".quantize-tmp"
+DEFAULT_ACCURACY_LEVEL = 4  # MatMulNBits int8 compute: see QuantOptions
 EXTERNAL_DATA_BYTES = 1 << 30  # as the exporter's "auto": graphs above 1 GiB keep weights in <graph>.onnx.data
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
@@ -46,7 +47,10 @@ class QuantizeError(ValueError):
 class QuantOptions:
     """dtype: int4 | int8; form: ort (MatMulNBits) | qdq (DequantizeLinear + MatMul, for TensorRT);
     block_size: 32 | 64 | 128 weights per scale along K; graphs: subset of QUANT_GRAPHS; lm_head: quantize the
-    decoder's output projection too; accuracy_level: MatMulNBits compute type (ORT form only)."""
+    decoder's output projection too; accuracy_level: MatMulNBits compute type (ORT form only; None = 4, int8
+    compute: ORT's CPU kernel for 8-bit weights dequantizes the whole matrix on every call otherwise, measured
+    ~460x slower than level 4 for one token on a 4096x4096 weight, for +50% rounding error; see
+    docs/quantization.md)."""
 
     dtype: str = "int4"
     form: str = "ort"
@@ -58,6 +62,13 @@ class QuantOptions:
     @property
     def bits(self) -> int:
         return DTYPES[self.dtype]
+
+    @property
+    def matmulnbits_accuracy_level(self) -> int | None:
+        """The accuracy_level written into MatMulNBits nodes (None for the qdq form)."""
+        if self.form != "ort":
+            return None
+        return DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -152,7 +163,7 @@ def _quantize_model(model: onnx.ModelProto, graph: str, opts: QuantOptions,
     if opts.form == "ort":
         from coverpruner.export.quant.ort_nbits import quantize_graph_nbits
 
-        model = quantize_graph_nbits(model, targets, opts.bits, opts.block_size, opts.accuracy_level)
+        model = quantize_graph_nbits(model, targets, opts.bits, opts.block_size, opts.matmulnbits_accuracy_level)
     else:
         from coverpruner.export.quant.qdq import quantize_graph_qdq
 
@@ -245,7 +256,7 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
     record = {
         "method": "rtn-blockwise", "bits": opts.bits, "dtype": opts.dtype, "block_size": opts.block_size,
         "format": opts.form, "symmetric": opts.form == "qdq",
-        "accuracy_level": opts.accuracy_level if opts.form == "ort" else None,
+        "accuracy_level": opts.matmulnbits_accuracy_level,
         "lm_head": opts.lm_head and "decoder" in opts.graphs, "embeddings": "embed" in opts.graphs,
         "graphs": records, "tool": _tool(opts, opts.graphs),
     }
