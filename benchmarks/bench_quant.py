@@ -297,6 +297,21 @@ def plot(result: dict, png: Path) -> None:
     fig.savefig(png, dpi=110)
 
 
+def markdown(result: dict) -> str:
+    """The docs/performance.md tables of one result JSON."""
+    acc = result["accuracy_vs_fp32"]
+    lines = ["| decoder weights | file | load | RSS loaded / peak | prefill full | prefill budget 64 | decode / token "
+             "| logits vs fp32: cosine (min), rel. error, top-1 |", "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        a = acc.get(r["precision"])
+        cmp = "reference" if a is None else (f"{a['cosine_mean']:.5f} ({a['cosine_min']:.5f}), "
+                                            f"{a['rel_err_mean']:.3f}, {a['top1']:.2f}")
+        lines.append(f"| {r['precision']} | {r['file_bytes'] / 2**30:.2f} GiB | {r['load_s']:.1f} s | "
+                     f"{r['rss_loaded_gib']:.2f} / {r['peak_rss_gib']:.2f} GiB | {r['prefill_full_ms'] / 1e3:.2f} s | "
+                     f"{r['prefill_budget_ms'] / 1e3:.2f} s | {r['decode_ms_per_token']:.0f} ms | {cmp} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=2)
@@ -310,8 +325,12 @@ def main() -> None:
     p.add_argument("--variants", default=",".join(PRECISIONS),
                    help="fp32, fp16, int8, int4 (library defaults) and int8-aN / int4-aN (MatMulNBits "
                         "accuracy_level N)")
+    p.add_argument("--table", type=Path, default=None, help="print the markdown table of a result JSON and exit")
     p.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.table is not None:
+        print(markdown(json.loads(args.table.read_text())))
+        return
     if args.child is not None:
         kind, *rest = args.child
         fn = {"memory": lambda e: child_memory(Path(e), args.threads),
@@ -421,6 +440,7 @@ def main() -> None:
     out = ROOT / "benchmarks" / "results" / f"quant_llava-1.5-7b_{args.layers}l{tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))
+    print(markdown(result))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
