@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
+from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS  # noqa: E402
 
 
 def _status_kib(field: str) -> int:

@@ -35,7 +35,7 @@ STAGES = ("vision", "embed", "probe", "select", "prefill")
 REAL_LAYERS = 32
 
 
-GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
+from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS  # noqa: E402
 
 
 def prepare(workdir: Path, layers: int, dtype: str) -> Path:

@@ -68,8 +68,9 @@ def _feeds(d: dict, dtype, length: int, start: int, past: dict, rng) -> dict:
 
 
 def _empty_past(d: dict, dtype) -> dict:
-    return {f"past_key_values.{i}.{kv}": np.zeros((1, d["num_kv_heads"], 0, d["head_dim"]), dtype)
-            for i in range(d["num_layers"]) for kv in ("key", "value")}
+    from coverpruner.engine_dir import past_names
+
+    return {name: np.zeros((1, d["num_kv_heads"], 0, d["head_dim"]), dtype) for name in past_names(d["num_layers"])}
 
 
 def _session(engine: Path, threads: int):
@@ -80,7 +81,8 @@ def _session(engine: Path, threads: int):
     so.intra_op_num_threads = threads
     t0 = time.perf_counter()
     sess = ort.InferenceSession(str(engine / "decoder.onnx"), so, providers=["CPUExecutionProvider"])
-    return sess, time.perf_counter() - t0, m["dims"], np.float16 if m["precision"] == "fp16" else np.float32
+    dims = {**m["dims"], "max_visual_tokens": m["visual"]["max_visual_tokens"]}
+    return sess, time.perf_counter() - t0, dims, np.float16 if m["precision"] == "fp16" else np.float32
 
 
 def child_memory(engine: Path, threads: int) -> dict:
@@ -88,7 +90,7 @@ def child_memory(engine: Path, threads: int) -> dict:
     rss0 = _status_kib("VmRSS")
     sess, load_s, d, dtype = _session(engine, threads)
     rss_loaded = _status_kib("VmRSS")
-    sess.run(None, _feeds(d, dtype, d["num_visual_tokens"] + TEXT_TOKENS, 0, _empty_past(d, dtype),
+    sess.run(None, _feeds(d, dtype, d["max_visual_tokens"] + TEXT_TOKENS, 0, _empty_past(d, dtype),
                           np.random.default_rng(0)))
     return {"load_s": load_s, "rss_before_gib": rss0 / 2**20, "rss_loaded_gib": rss_loaded / 2**20,
             "peak_rss_gib": _status_kib("VmHWM") / 2**20}
@@ -101,7 +103,7 @@ def child_latency(engines: list[Path], threads: int, repeats: int, decode_steps:
     names = [[o.name for o in s[0].get_outputs()] for s in sessions]
     rng = np.random.default_rng(0)
     d = sessions[0][2]
-    full, pruned = d["num_visual_tokens"] + TEXT_TOKENS, BUDGET + TEXT_TOKENS
+    full, pruned = d["max_visual_tokens"] + TEXT_TOKENS, BUDGET + TEXT_TOKENS
     times = [{"full": [], "budget": [], "decode": []} for _ in engines]
 
     def timed(i, feeds):
@@ -165,7 +167,7 @@ def child_probe(engines: list[Path], cases: int, out: Path) -> dict:
     from coverpruner.selection.coverage import coverage_select_numpy
 
     m = json.loads((engines[0] / "manifest.json").read_text())
-    n, hid = m["dims"]["num_visual_tokens"], m["dims"]["hidden_size"]
+    n, hid = m["visual"]["max_visual_tokens"], m["dims"]["hidden_size"]
     rng = np.random.default_rng(2)
     prefix, length = 5, 5 + n + TEXT_TOKENS
     requests = []
@@ -347,10 +349,12 @@ def main() -> None:
     if not (ckpt / "config.json").is_file():
         subprocess.run([sys.executable, "-m", "coverpruner.testing.checkpoints", "--preset", "llava-1.5-7b",
                         "--layers", str(args.layers), "--output", str(ckpt)], check=True, cwd=ROOT)
+    from coverpruner.engine_dir import read_if_present
+
     engines = {}
     for dt, graphs in (("fp32", "probe,decoder"), ("fp16", "decoder")):
         engines[dt] = work / dt
-        if not (engines[dt] / "manifest.json").is_file():
+        if read_if_present(engines[dt]) is None:  # absent, or an older format version: export (again)
             subprocess.run([sys.executable, "-m", "coverpruner.export.cli", "--model", str(ckpt), "--output",
                             str(engines[dt]), "--dtype", dt, "--graphs", graphs, "--no-progress"], check=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

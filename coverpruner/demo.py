@@ -45,7 +45,9 @@ def prepare(workdir: Path, rebuild: bool = False) -> Path:
         write_checkpoint(ckpt, preset="tiny", seed=0)
     else:
         print(f"[1/3] reusing checkpoint {ckpt}", flush=True)
-    if rebuild or not (engine / "manifest.json").is_file():
+    from coverpruner.engine_dir import read_if_present
+
+    if rebuild or read_if_present(engine) is None:  # none yet, or one of an older format version
         print(f"[2/3] exporting ONNX graphs + manifest to {engine}", flush=True)
         export_model(ckpt, engine, "coverpruner tiny demo (random weights)", ExportOptions(progress=False))
     else:
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             if budget != "full" and args.save_selection:
                 from coverpruner.runtime.visualize import save_selection
 
-                save_selection(args.save_selection, image, r.kept_indices, r.num_visual_tokens, pipe.image_settings)
+                save_selection(args.save_selection, image, r.kept_indices, r.panels)
                 print(f"   kept patches drawn to {args.save_selection}\n")
         print(f"Next: coverpruner-run {engine} --image {image} --prompt '...' --budget 32 --json")
     except CoverPrunerError as exc:

@@ -12,8 +12,9 @@ machine without a GPU). The manifest gains a "tensorrt" section:
                                         "shape_inputs": {"budget": {"min": [64], "opt": [64], "max": [128]}}}}}
 
 Symbolic axes of the manifest map to ranges (`axis_ranges`): batch 1..max_batch; seq 1..max_context;
-num_visual / n up to dims.num_visual_tokens; num_instruction 1..max_context; past_sequence 0..max_context-1;
-total_sequence 1..max_context; d = hidden_size. `shapes` overrides any of them (and names new ones).
+num_visual / n up to visual.max_visual_tokens; num_instruction 1..max_context; past_sequence 0..max_context-1;
+total_sequence 1..max_context; d = hidden_size; then the family's own axes from the manifest's `axes`
+(e.g. a vision tile axis); `shapes` overrides any of them (and names new ones).
 The runtime (trt_session.py) refuses an engine built by another TensorRT version or for another GPU.
 """
 
@@ -22,12 +23,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coverpruner.engine_dir import read_raw, write_manifest
+from coverpruner.errors import ManifestError
 from coverpruner.filehash import sha256_file
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -136,9 +138,10 @@ class BuildOptions:
 
 
 def axis_ranges(manifest: dict, options: BuildOptions) -> dict[str, tuple[int, int, int]]:
-    """(min, opt, max) for every symbolic axis name the exporter uses (see module docstring)."""
+    """(min, opt, max) for every symbolic axis name the exporter uses (see module docstring): the generic
+    axes, then the family's (manifest `axes`), then `options.shapes`."""
     dims = manifest["dims"]
-    n = int(dims["num_visual_tokens"])
+    n = int(manifest["visual"]["max_visual_tokens"])
     hidden = int(dims["hidden_size"])
     ctx = int(options.max_context or dims["max_position_embeddings"])
     # opt: a pruned prefill (budget visual tokens + a short prompt) and a prompt with all n visual tokens
@@ -154,6 +157,7 @@ def axis_ranges(manifest: dict, options: BuildOptions) -> dict[str, tuple[int, i
         "past_sequence": (0, prefill, ctx - 1),
         "total_sequence": (1, min(ctx, prefill + 1), ctx),
     }
+    ranges.update({k: tuple(int(x) for x in v) for k, v in manifest.get("axes", {}).items()})
     ranges.update({k: tuple(int(x) for x in v) for k, v in options.shapes.items()})
     return ranges
 
@@ -284,19 +288,13 @@ def build_engine(trt: TrtModule, onnx_path: Path, graph: str, graph_spec: dict, 
 
 
 def _read_manifest(engine_dir: Path) -> dict:
-    path = engine_dir / "manifest.json"
-    if not path.is_file():
-        raise TensorRTBuildError(f"{engine_dir} has no manifest.json (not a coverpruner-export directory)")
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise TensorRTBuildError(f"{path}: not valid JSON ({exc})") from exc
-    if manifest.get("format") != "coverpruner-engine-dir" or manifest.get("format_version") != 1:
-        raise TensorRTBuildError(f"{path}: format {manifest.get('format')!r} version "
-                                 f"{manifest.get('format_version')!r}, expected coverpruner-engine-dir version 1")
-    for key in ("dims", "graphs", "precision"):
+        manifest = read_raw(engine_dir)
+    except ManifestError as exc:
+        raise TensorRTBuildError(str(exc)) from None
+    for key in ("dims", "visual", "graphs", "precision"):
         if key not in manifest:
-            raise TensorRTBuildError(f"{path}: field {key!r} is missing")
+            raise TensorRTBuildError(f"{engine_dir / 'manifest.json'}: field {key!r} is missing")
     return manifest
 
 
@@ -370,7 +368,7 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
         "engines": engines,
     }
     manifest["tensorrt"] = section
-    (engine_dir / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_manifest(engine_dir, manifest)
     return section
 
 

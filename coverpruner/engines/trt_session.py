@@ -13,12 +13,13 @@ runtime through ctypes (cudart.py), so nothing here imports torch. Shape-tensor 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names, read_raw
 
 from .cudart import DeviceBuffer, Stream
 from .tensorrt import (
@@ -207,10 +208,7 @@ class TrtSessionFactory:
 
     def __init__(self, engine_dir: str | Path, trt: TrtModule | None = None, verbose: bool = False):
         self.engine_dir = Path(engine_dir)
-        manifest_path = self.engine_dir / "manifest.json"
-        if not manifest_path.is_file():
-            raise FileNotFoundError(f"{self.engine_dir} has no manifest.json")
-        self.manifest = json.loads(manifest_path.read_text())
+        self.manifest = read_raw(self.engine_dir)  # ManifestError (one line) when missing or unreadable
         self.trt = trt or load_tensorrt(self.manifest.get("tensorrt", {}).get("flavour"))
         self.section = self.manifest.get("tensorrt")
         compute_capability = detect_compute_capability()
@@ -236,8 +234,8 @@ def engine_path(engine_dir: str | Path, graph: str) -> Path:
 
 
 class TrtDecoderSession:
-    """The decoder engine with its KV cache kept on the GPU: the TensorRT twin of the runtime's ORT
-    DecoderSession (same `reset(capacity)` / `forward(inputs_embeds, position_ids)` / `length` API).
+    """The decoder engine with its KV cache kept on the GPU: a `coverpruner.engines.interfaces.DecoderLoop`,
+    the TensorRT twin of the runtime's ORT DecoderSession.
 
     Each layer's key and value own two device buffers sized for the whole request; step t reads `past` from
     one and TensorRT writes `present` ([1, H_kv, P+S, hd], contiguous) straight into the other, so the cache
@@ -250,11 +248,10 @@ class TrtDecoderSession:
         self.num_layers, self.h, self.hd, self.vocab_size = num_layers, num_kv_heads, head_dim, vocab_size
         self.dtype = np.dtype(dtype)
         names = {i.name for i in session.get_inputs()}
-        want = {"inputs_embeds", "attention_mask", "position_ids"} | {
-            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
-        missing = sorted(want - names)
+        missing = sorted({*DECODER_INPUTS, *past_names(num_layers)} - names)
         if missing:
             raise TrtSessionError(f"decoder engine lacks inputs {missing[:4]}")
+        self._past, self._present = past_names(num_layers), present_names(num_layers)
         self.capacity = 0
         self.length = 0
         self._kv: list = []
@@ -273,7 +270,8 @@ class TrtDecoderSession:
         self.length = 0
 
     def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Append S tokens: inputs_embeds [1, S, d] (cache dtype), position_ids int64 [1, S]. Returns logits [V]."""
+        """Append S tokens: inputs_embeds [1, S, d] (cache dtype), position_ids int64 [1, S] or [R, 1, S].
+        Returns logits [V]."""
         ctx, stream = self.session.context, self.session.stream
         s = inputs_embeds.shape[1]
         total = self.length + s
@@ -288,10 +286,11 @@ class TrtDecoderSession:
                      "attention_mask": self._mask.ptr}
         src, dst = self._cur, 1 - self._cur
         for i in range(self.num_layers):
-            for j, kv in enumerate(("key", "value")):
-                shapes[f"past_key_values.{i}.{kv}"] = (1, self.h, self.length, self.hd)
-                addresses[f"past_key_values.{i}.{kv}"] = self._kv[i][j][src].ptr
-                addresses[f"present.{i}.{kv}"] = self._kv[i][j][dst].ptr
+            for j in range(2):  # key, value
+                past, present = self._past[2 * i + j], self._present[2 * i + j]
+                shapes[past] = (1, self.h, self.length, self.hd)
+                addresses[past] = self._kv[i][j][src].ptr
+                addresses[present] = self._kv[i][j][dst].ptr
         for name, shape in shapes.items():
             if not ctx.set_input_shape(name, tuple(shape)):
                 raise TrtSessionError(self.session._profile_message(name, shape))

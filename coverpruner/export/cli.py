@@ -23,6 +23,13 @@ def _graphs(text: str) -> tuple[str, ...]:
     return names
 
 
+def _option(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE (e.g. newline_policy=keep), got {text!r}")
+    return name.strip().replace("-", "_"), value.strip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coverpruner-export",
                                 description="Export a VLM checkpoint to ONNX graphs + manifest.json (offline).")
@@ -54,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MatMulNBits compute type (ort form): 0 input type, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
                         "(default 4: ORT's CPU has no fast 8-bit kernel otherwise)")
     q.add_argument("--keep-lm-head-float", action="store_true", help="leave the decoder's lm_head unquantized")
+    fam = p.add_argument_group("model family")
+    fam.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
+                     help="default of one of the family's request options, recorded in the manifest (e.g. "
+                          "newline_policy=keep for LLaVA-NeXT); requests may still override it. Repeatable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -111,13 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingModelError, QuantizeError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
-    from coverpruner.export.exporter import export_model
+    from coverpruner.export.exporter import OptionValueError, export_model
     from coverpruner.export.onnx_io import ExportError
 
     opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
-                         external_data=args.external_data, progress=not args.no_progress)
+                         external_data=args.external_data, progress=not args.no_progress,
+                         family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)
+    except OptionValueError as exc:  # bad input, nothing written
+        print(f"coverpruner-export: {exc}", file=sys.stderr)
+        return 2
     except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 1

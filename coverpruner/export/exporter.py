@@ -18,11 +18,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from coverpruner.export.manifest import build_manifest, graph_entry, read_manifest, write_manifest
+from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
+from coverpruner.engine_dir import read_if_present, write_manifest
+from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.onnx_io import ExportError, SavedGraph, export_graph, remove_graph_files, save_proto
 from coverpruner.families import family_for_model_type
 
-GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 # Graphs whose weights exceed this go to external data in "auto" mode (protobuf's hard limit is 2 GiB).
 EXTERNAL_DATA_BYTES = 1 << 30
@@ -38,6 +39,9 @@ class ExportOptions:
     selector_form: str = "loop"
     external_data: str = "auto"
     progress: bool = True
+    #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
+    #: options not given keep the family's own defaults
+    family_options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -61,40 +65,21 @@ def _use_external(mode: str, nbytes: int) -> bool:
     return mode == "always" or (mode == "auto" and nbytes > EXTERNAL_DATA_BYTES)
 
 
-def _example_inputs(name: str, dims: dict, dtype):
-    """(args, input_names, output_names, dynamic_shapes) for graph `name`. Example sizes are >= 2 on every
-    dynamic axis so torch.export does not specialise them to 0/1."""
-    import torch
-    from torch.export import Dim
+class OptionValueError(ExportError):
+    """A --option names an option the family does not have, or a value it does not allow."""
 
-    d, n = dims["hidden_size"], dims["num_visual_tokens"]
-    batch, seq = Dim("batch"), Dim("seq")
-    if name == "vision":
-        s = dims["image_size"]
-        return ((torch.randn(2, 3, s, s, dtype=dtype),), ["pixel_values"], ["image_features"], ({0: batch},))
-    if name == "embed":
-        ids = torch.randint(0, dims["vocab_size"], (2, 7))
-        return (ids,), ["input_ids"], ["inputs_embeds"], ({0: batch, 1: seq},)
-    if name == "probe":
-        length, t = n + 12, 5
-        args = (torch.randn(1, length, d, dtype=dtype), torch.arange(length)[None], torch.arange(3, 3 + n),
-                torch.arange(length - t - 2, length - 2))
-        shapes = ({1: seq}, {1: seq}, {0: Dim("num_visual")}, {0: Dim("num_instruction")})
-        return args, ["inputs_embeds", "position_ids", "visual_positions", "instruction_positions"], \
-            ["relevance"], shapes
-    if name == "decoder":
-        layers, hkv, hd = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"]
-        b, s, p = 2, 3, 4
-        past = tuple(torch.randn(b, hkv, p, hd, dtype=dtype) for _ in range(2 * layers))
-        args = (torch.randn(b, s, d, dtype=dtype), torch.ones(b, p + s, dtype=torch.long),
-                torch.arange(p, p + s)[None].expand(b, s).contiguous(), past)
-        past_dim = Dim("past_sequence", min=0)
-        shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, {0: batch, 1: seq},
-                  tuple({0: batch, 2: past_dim} for _ in past))
-        kv = [f"{kind}.{i}.{kv}" for kind in ("past_key_values",) for i in range(layers) for kv in ("key", "value")]
-        out = ["logits"] + [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
-        return args, ["inputs_embeds", "attention_mask", "position_ids", *kv], out, shapes
-    raise ValueError(name)
+
+def family_option_defaults(family, given: dict) -> dict:
+    """Validated {option: value} for the manifest's `options`; OptionValueError (one line) otherwise."""
+    known = {o.name: o for o in family.request_options}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise OptionValueError(f"--option: model family {family.name!r} has no option(s) {unknown}; it takes "
+                               f"{sorted(known) or 'none'}")
+    try:
+        return {name: known[name].validate(value) for name, value in given.items()}
+    except ValueError as exc:
+        raise OptionValueError(f"--option: {str(exc).splitlines()[0]}") from None
 
 
 def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> SavedGraph:
@@ -135,12 +120,12 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
         raise ExportError(f"--graphs: unknown graph(s) {unknown}; expected a subset of {list(GRAPHS)}")
     if opts.dtype not in DTYPES:
         raise ExportError(f"--dtype: expected one of {list(DTYPES)}, got {opts.dtype!r}")
+    config = _read_config(model_dir)
+    family = family_for_model_type(config.model_type)
+    option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
     output.mkdir(parents=True, exist_ok=True)
     for g in opts.graphs:
         remove_graph_files(output / f"{g}.onnx")
-
-    config = _read_config(model_dir)
-    family = family_for_model_type(config.model_type)
     torch_dtype = getattr(torch, DTYPES[opts.dtype])
     order = [g for g in GRAPHS if g in opts.graphs]
     stages = ["load"] + order + ["manifest"]
@@ -156,29 +141,35 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     model = family.load_model(model_dir, DTYPES[opts.dtype]) if set(order) - {"selector"} else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()
-    dims = family.dims(config)
+    # the family's graphs: module, example inputs, names and dynamic axes (contract.Family.export_specs)
+    specs = family.export_specs(model, config, torch_dtype) if model is not None else {}
     for g in order:
         stage(g)
         t0 = time.perf_counter()
         if g == "selector":
             saved = _export_selector(output, opts, DTYPES[opts.dtype])
         else:
-            module = _graph_module(g, family, model)
-            args, names_in, names_out, shapes = _example_inputs(g, dims, torch_dtype)
-            saved = export_graph(module, args, output / f"{g}.onnx", names_in, names_out, shapes, opts.opset,
-                                 _use_external(opts.external_data, _param_bytes(module)))
-            del module
+            spec = specs.pop(g)
+            saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
+                                 spec.dynamic_shapes, opts.opset,
+                                 _use_external(opts.external_data, _param_bytes(spec.module)))
+            del spec
             gc.collect()
         seconds[g] = time.perf_counter() - t0
         entries[g] = graph_entry(saved)
         bar.update()
-    del model
-    gc.collect()
 
     stage("manifest")
+    previous = read_if_present(output)
+    same_model = bool(previous) and previous.get("precision") == opts.dtype and \
+        previous.get("source_model") == source_model
+    files = previous.get("files", {}) if same_model else {}
+    if model is not None:  # family arrays (e.g. an image_newline vector) come from the weights
+        files = family_file_entries(output, family.write_files(model, output))
+    del model, specs
+    gc.collect()
     tok_files, proc_files = _copy_support_files(family, model_dir, output)
-    previous = read_manifest(output)
-    if previous and previous.get("precision") == opts.dtype and previous.get("source_model") == source_model:
+    if same_model:
         for g, e in previous.get("graphs", {}).items():
             if g not in entries and (output / e["file"]).is_file():
                 entries[g] = e
@@ -188,24 +179,13 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
 
     manifest = build_manifest(
         family=family, config=config, model_dir=model_dir, source_model=source_model, precision=opts.dtype,
-        graphs=graphs, tokenizer_files=tok_files, processor_files=proc_files,
+        graphs=graphs, files=files, tokenizer_files=tok_files, processor_files=proc_files,
         selector_form=opts.selector_form if "selector" in graphs else None,
         versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
                   "onnxruntime": onnxruntime.__version__, "opset": opts.opset},
     )
+    manifest["options"] = {**manifest.get("options", {}), **option_defaults}
     write_manifest(output, manifest)
     bar.update()
     bar.close()
     return ExportResult(output, manifest, seconds)
-
-
-def _graph_module(name: str, family, model):
-    from coverpruner.export.modules import DecoderGraph, EmbedGraph, ProbeGraph, VisionGraph
-
-    if name == "vision":
-        return VisionGraph(family, model).eval()
-    if name == "embed":
-        return EmbedGraph(family.embed_tokens(model)).eval()
-    if name == "probe":
-        return ProbeGraph(family.probe_parts(model)).eval()
-    return DecoderGraph(family.language_model(model), family.lm_head(model)).eval()

@@ -1,17 +1,25 @@
-"""manifest.json of an engine dir (docs/engine-dir.md, format version 1): build, read, write."""
+"""Build an engine dir's manifest.json (format in coverpruner.engine_dir, docs/engine-dir.md).
+
+The family supplies its part (contract.Family.manifest_fields); this module adds what every export has
+(format, versions, defaults, graphs and their hashes, copied files). Reading and writing belong to
+coverpruner.engine_dir.
+"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import coverpruner
+from coverpruner.engine_dir import FORMAT, FORMAT_VERSION, MANIFEST, write_manifest
+from coverpruner.engine_dir import read_if_present as read_manifest
 from coverpruner.export.onnx_io import SavedGraph, describe_io
 from coverpruner.filehash import sha256_file
 
-FORMAT = "coverpruner-engine-dir"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+__all__ = ["DEFAULTS", "MANIFEST", "build_manifest", "family_file_entries", "graph_entry", "read_manifest",
+           "write_manifest"]  # read/write are engine_dir's, re-exported for export-side tools
+
+#: Request defaults every engine dir records (the runtime's fallbacks when a request names none).
+DEFAULTS = {"budget": 64, "tau": 0.3, "method": "coverpruner"}
 
 
 def graph_entry(saved: SavedGraph) -> dict:
@@ -29,44 +37,32 @@ def graph_entry(saved: SavedGraph) -> dict:
     }
 
 
+def family_file_entries(out_dir: Path, written: dict[str, str]) -> dict:
+    """{key: {"file", "sha256"}} for the files a family wrote into the engine dir (Family.write_files)."""
+    return {key: {"file": name, "sha256": sha256_file(Path(out_dir) / name)} for key, name in written.items()}
+
+
 def build_manifest(*, family, config, model_dir: Path, source_model: str, precision: str, graphs: dict,
                    tokenizer_files: list[str], processor_files: list[str], selector_form: str | None,
-                   versions: dict) -> dict:
-    """The full manifest dict. `graphs` maps graph name -> graph_entry(...)."""
-    return {
+                   versions: dict, files: dict | None = None, extra: dict | None = None) -> dict:
+    """The full manifest dict. `graphs` maps graph name -> graph_entry(...); `files` the family files
+    (family_file_entries); `extra` optional top-level sections (e.g. "quantization") added as given."""
+    fields = family.manifest_fields(config, model_dir)
+    manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "family": family.name,
         "source_model": source_model,
         "coverpruner_version": coverpruner.__version__,
         "precision": precision,
-        "dims": family.dims(config),
-        "token_ids": family.token_ids(config),
-        "chat_template": family.chat_template(model_dir),
-        "layout": family.layout(),
-        "processor": family.processor_settings(model_dir),
-        "defaults": {"budget": 64, "tau": 0.3, "method": "coverpruner", "position_mode": family.position_mode},
+        **fields,
+        "defaults": dict(DEFAULTS),
+        "files": files or {},
         "tokenizer_files": tokenizer_files,
         "processor_files": processor_files,
         "selector_form": selector_form,
         "export": versions,
         "graphs": graphs,
     }
-
-
-def read_manifest(directory: Path) -> dict | None:
-    """The manifest in `directory`, or None when there is none or it is not an engine-dir manifest."""
-    f = Path(directory) / MANIFEST
-    if not f.is_file():
-        return None
-    try:
-        data = json.loads(f.read_text())
-    except json.JSONDecodeError:
-        return None
-    return data if data.get("format") == FORMAT else None
-
-
-def write_manifest(directory: Path, manifest: dict) -> Path:
-    f = Path(directory) / MANIFEST
-    f.write_text(json.dumps(manifest, indent=2) + "\n")
-    return f
+    manifest.update(extra or {})
+    return manifest

@@ -41,7 +41,9 @@ class ProbeGraph(nn.Module):
     """Layer-0 attention demand: the attention instruction tokens place on each visual token.
 
     Inputs: inputs_embeds float [1,L,d] (native sequence, image rows = image_features), position_ids int64
-    [1,L], visual_positions int64 [n], instruction_positions int64 [T] (sequence indices).
+    [1,L] (rank 1) or [R,1,L] (M-RoPE), visual_positions int64 [n], instruction_positions int64 [T] (sequence
+    indices). The family's ProbeParts.rotary(x, position_ids) returns cos/sin [1,L,hd] whatever the rank
+    (an M-RoPE family mixes its sections there), so everything below is rank-free.
     Output: relevance float32 [n] = mean over heads and instruction rows of softmax_j(q_t k_j / sqrt(hd)),
     causal (j <= t) over the whole sequence, restricted to the visual columns.
 
@@ -81,7 +83,7 @@ class ProbeGraph(nn.Module):
 class DecoderGraph(nn.Module):
     """One graph for prefill (P=0) and decode (S=1) of the unchanged HF decoder stack.
 
-    Inputs: inputs_embeds float [B,S,d], attention_mask int64 [B,P+S], position_ids int64 [B,S],
+    Inputs: inputs_embeds float [B,S,d], attention_mask int64 [B,P+S], position_ids int64 [B,S] or [R,B,S],
     past key/value float [B,Hkv,P,hd] per layer (flat: k0, v0, k1, v1, ...).
     Outputs: logits float [B,1,V] of the last position, present key/value [B,Hkv,P+S,hd] per layer.
     The flat past tensors are wrapped in a transformers DynamicCache so HF's own layers, causal mask

@@ -1,8 +1,8 @@
 """Model family registry: family name / HF model_type / alias -> lazily imported adapter.
 
-Adding a family = one module with an adapter class + one line in `_ADAPTERS` (+ its model types).
-Adapters import torch/transformers only inside their export-time methods, so the runtime can ask
-them for layout rules without torch.
+Adding a family = one module with an adapter class satisfying `contract.Family` + one line in `_ADAPTERS`
+(+ its model types) + a tiny random fixture. Adapters import torch/transformers only inside their
+export-time methods, so the runtime can ask them for its rules without torch.
 """
 
 from __future__ import annotations
@@ -51,3 +51,16 @@ def resolve_alias(spec: str) -> str:
 
 def all_aliases() -> dict[str, str]:
     return {a: r for name in _ADAPTERS for a, r in get_family(name).aliases.items()}
+
+
+def request_options() -> dict:
+    """Every registered family's request options: {option name: (RequestOption, [family names])}.
+
+    coverpruner-run offers each as a flag (--newline-policy, ...) before it knows which family a directory
+    holds; the Pipeline refuses an option its family does not have.
+    """
+    out: dict = {}
+    for name in family_names():
+        for opt in get_family(name).request_options:
+            out.setdefault(opt.name, (opt, []))[1].append(name)
+    return out

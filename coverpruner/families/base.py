@@ -1,11 +1,7 @@
-"""What every model family adapter provides, and the torch-free prompt-layout helpers they share.
+"""Torch-free helpers the family adapters share: chat-template rendering, placeholder expansion,
+tokenization into a NativeLayout, and the compact position scheme of the LLaVA families.
 
-A family adapter answers two kinds of questions:
-  * export time (torch, lazily imported inside methods): where the vision tower, projector, layer 0 and
-    decoder live in the HF model, and the model's dims / token ids / processor settings;
-  * run time (no torch, no transformers): the chat template, how the image placeholder expands, which
-    token positions are visual and which are the user's instruction, and how positions are assigned
-    after pruning. The runtime reads these from the manifest and calls the same helpers.
+What a family provides is typed in coverpruner.families.contract (Family, FamilyRuntime).
 """
 
 from __future__ import annotations
@@ -13,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from coverpruner.families.contract import NativeLayout
 
 PROMPT_SENTINEL = "\u2063COVERPRUNER_PROMPT\u2063"  # invisible separator chars: never in real prompts
 
@@ -28,18 +26,6 @@ class RenderedPrompt:
     text: str
     prompt_span: tuple[int, int]
 
-
-@dataclass(frozen=True)
-class NativeLayout:
-    """The un-pruned input sequence of one request (batch 1).
-
-    input_ids: int64 [L]; visual_positions: int64 [n] (sequence indices of the image tokens, ascending);
-    instruction_positions: int64 [T] (sequence indices of the tokens overlapping the user's prompt text).
-    """
-
-    input_ids: np.ndarray
-    visual_positions: np.ndarray
-    instruction_positions: np.ndarray
 
 
 def render_chat_template(chat_template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -74,3 +60,62 @@ def instruction_positions_from_offsets(offsets: list[tuple[int, int]], span: tup
     start, end = span
     hits = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
     return np.asarray(hits, dtype=np.int64)
+
+
+def render_image_prompt(chat_template: str, prompt: str, image_token: str, num_image_rows: int) -> RenderedPrompt:
+    """Apply the chat template to one user turn (image, then text) and expand the image token to
+    ``num_image_rows`` copies, as the HF processors do before tokenizing.
+
+    Returns the text the tokenizer sees and the character span of ``prompt`` inside it. ValueError (one
+    line) when the prompt holds the image token or the template does not render each exactly once.
+    """
+    if image_token in prompt:
+        raise ValueError(f"the prompt must not contain the image token {image_token!r}; the image is "
+                         "placed by the chat template")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_SENTINEL}]}]
+    text = render_chat_template(chat_template, messages, add_generation_prompt=True)
+    if text.count(PROMPT_SENTINEL) != 1 or text.count(image_token) != 1:
+        raise ValueError("chat template must render the prompt and the image placeholder exactly once; got "
+                         f"{text!r}")
+    text = text.replace(image_token, image_token * num_image_rows)
+    start = text.index(PROMPT_SENTINEL)
+    return RenderedPrompt(text.replace(PROMPT_SENTINEL, prompt), (start, start + len(prompt)))
+
+
+def tokenize_layout(tokenizer, rendered: RenderedPrompt, image_token_id: int, num_image_rows: int) -> NativeLayout:
+    """Tokenize ``rendered`` with a `tokenizers.Tokenizer` (BOS from its post-processor, as HF does).
+
+    visual_positions: the image-token ids' indices (must be ``num_image_rows`` of them); instruction
+    positions: tokens whose non-empty offsets overlap the prompt span, image tokens excluded. ValueError
+    (one line) on a count mismatch or an empty instruction.
+    """
+    enc = tokenizer.encode(rendered.text)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
+    if visual.size != num_image_rows:
+        raise ValueError(f"tokenized prompt has {visual.size} image tokens (id {image_token_id}), expected "
+                         f"{num_image_rows}")
+    instr = instruction_positions_from_offsets(enc.offsets, rendered.prompt_span)
+    instr = instr[~np.isin(instr, visual)]
+    if instr.size == 0:
+        raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
+    return NativeLayout(ids, visual, instr, rendered.text)
+
+
+class CompactPositions:
+    """Position scheme of the LLaVA families (rank 1): native 0..L-1; a pruned sequence is re-packed
+    0..L'-1; the t-th generated token sits at L' + t."""
+
+    position_rank = 1
+
+    def native_positions(self, layout: NativeLayout, vision=None) -> np.ndarray:
+        """int64 [1, L] = 0..L-1."""
+        return np.arange(len(layout.input_ids), dtype=np.int64)[None, :]
+
+    def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """int64 [1, L'] = 0..L'-1 for the L' kept rows."""
+        return np.arange(len(rows), dtype=np.int64)[None, :]
+
+    def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
+        """int64 [1] = L' + step."""
+        return np.array([pruned.shape[1] + step], dtype=np.int64)

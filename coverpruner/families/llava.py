@@ -7,7 +7,8 @@ torch or transformers; the export-time methods import them lazily.
 Layout of one request (llava-hf chat template, one image):
     "<s>USER: <image>\\n{prompt} ASSISTANT:"  with <image> expanded to n placeholder tokens, whose rows
     of inputs_embeds are replaced by the n projector outputs. Positions are 0..L-1; after pruning the
-    kept sequence is re-packed contiguously 0..L'-1 ("compact").
+    kept sequence is re-packed contiguously 0..L'-1 ("compact"). n is fixed by the checkpoint (one CLIP
+    crop); every image row is a candidate.
 """
 
 from __future__ import annotations
@@ -19,13 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from coverpruner.families.base import (
-    PROMPT_SENTINEL,
-    NativeLayout,
-    RenderedPrompt,
-    instruction_positions_from_offsets,
-    render_chat_template,
-)
+from coverpruner.families.base import CompactPositions, render_image_prompt, tokenize_layout
+from coverpruner.families.contract import ExportSpec, GridPanel, ImageSpan, NativeLayout, VisionInputs
 
 IMAGE_TOKEN = "<image>"
 
@@ -35,7 +31,8 @@ class ProbeParts:
     """Layer-0 pieces the probe graph needs (torch modules / callables from the HF model).
 
     norm: layer-0 input RMSNorm, [.., d] -> [.., d]; q_proj: [.., d] -> [.., H*hd]; k_proj: [.., d] -> [.., Hkv*hd];
-    rotary(x, position_ids[1,L]) -> (cos, sin) [1,L,hd] in x.dtype; apply_rope(q, k, cos, sin) -> (q, k) for
+    rotary(x, position_ids) -> (cos, sin) [1,L,hd] in x.dtype for the probe's position_ids ([1,L], or [R,1,L]
+    for an M-RoPE family, which mixes its sections here); apply_rope(q, k, cos, sin) -> (q, k) for
     [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
     """
 
@@ -59,53 +56,16 @@ class LlavaFamily:
         "llava-1.5-7b": "llava-hf/llava-1.5-7b-hf",
         "llava-1.5-13b": "llava-hf/llava-1.5-13b-hf",
     }
-    position_mode = "compact"
     image_token = IMAGE_TOKEN
+    request_options = ()  # LLaVA-1.5 has no per-request options beyond the generic ones
     # Files copied next to the graphs so the runtime can tokenize / preprocess without the checkpoint.
     support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                      "preprocessor_config.json", "processor_config.json", "chat_template.jinja",
                      "chat_template.json", "generation_config.json")
 
-    # ------------------------------------------------------------------ runtime rules (no torch)
-    def render_prompt(self, chat_template: str, prompt: str, num_visual_tokens: int) -> RenderedPrompt:
-        """Apply the chat template to one user turn (image, then text), expand <image> to n placeholders.
-
-        Returns the text the tokenizer sees (as the HF processor builds it) and the character span of
-        `prompt` inside it.
-        """
-        if IMAGE_TOKEN in prompt:
-            raise ValueError(f"the prompt must not contain the image token {IMAGE_TOKEN!r}; the image is "
-                             "placed by the chat template")
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_SENTINEL}]}]
-        text = render_chat_template(chat_template, messages, add_generation_prompt=True)
-        if text.count(PROMPT_SENTINEL) != 1 or text.count(IMAGE_TOKEN) != 1:
-            raise ValueError("chat template must render the prompt and the image placeholder exactly once; got "
-                             f"{text!r}")
-        text = text.replace(IMAGE_TOKEN, IMAGE_TOKEN * num_visual_tokens)
-        start = text.index(PROMPT_SENTINEL)
-        return RenderedPrompt(text.replace(PROMPT_SENTINEL, prompt), (start, start + len(prompt)))
-
-    def native_layout(self, tokenizer, rendered: RenderedPrompt, image_token_id: int,
-                      num_visual_tokens: int) -> NativeLayout:
-        """Tokenize `rendered` with a `tokenizers.Tokenizer` (BOS from its post-processor, as HF does).
-
-        Raises ValueError when the number of image tokens differs from `num_visual_tokens`.
-        """
-        enc = tokenizer.encode(rendered.text)
-        ids = np.asarray(enc.ids, dtype=np.int64)
-        visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
-        if visual.size != num_visual_tokens:
-            raise ValueError(f"tokenized prompt has {visual.size} image tokens (id {image_token_id}), expected "
-                             f"{num_visual_tokens}")
-        instr = instruction_positions_from_offsets(enc.offsets, rendered.prompt_span)
-        instr = instr[~np.isin(instr, visual)]
-        if instr.size == 0:
-            raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
-        return NativeLayout(ids, visual, instr)
-
-    def pruned_position_ids(self, length: int) -> np.ndarray:
-        """Compact positions for a pruned sequence of `length` tokens: int64 [1, length] = 0..length-1."""
-        return np.arange(length, dtype=np.int64)[None, :]
+    # ------------------------------------------------------------------ run time (no torch)
+    def runtime(self, manifest) -> "LlavaRuntime":
+        return LlavaRuntime(manifest)
 
     # ------------------------------------------------------------------ checkpoint facts (no torch)
     def chat_template(self, model_dir: Path) -> str:
@@ -211,7 +171,7 @@ class LlavaFamily:
         return {
             "hidden_size": t.hidden_size, "num_layers": t.num_hidden_layers, "num_heads": t.num_attention_heads,
             "num_kv_heads": t.num_key_value_heads, "head_dim": head_dim, "vocab_size": t.vocab_size,
-            "num_visual_tokens": self.num_visual_tokens(config), "image_size": v.image_size,
+            "image_size": v.image_size,
             "patch_size": v.patch_size, "max_position_embeddings": t.max_position_embeddings,
         }
 
@@ -227,8 +187,104 @@ class LlavaFamily:
             "image_placement": "chat-template",  # one {"type": "image"} content item before the text
             "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "{prompt}"}]}],
             "add_generation_prompt": True,
-            "expand_image_token": "num_visual_tokens",  # <image> -> n copies before tokenizing
+            "expand_image_token": "visual.max_visual_tokens",  # <image> -> n copies before tokenizing
             "bos": "tokenizer-post-processor",
             "instruction_tokens": "offsets-overlap-prompt-span",
             "position_ids": "0..L-1",
         }
+
+    def manifest_fields(self, config, model_dir: Path) -> dict:
+        """The family's part of manifest.json (see contract.Family.manifest_fields)."""
+        return {
+            "dims": self.dims(config),
+            "visual": {"max_visual_tokens": self.num_visual_tokens(config), "position_rank": 1,
+                       "position_mode": "compact"},
+            "token_ids": self.token_ids(config),
+            "chat_template": self.chat_template(model_dir),
+            "layout": self.layout(),
+            "processor": self.processor_settings(model_dir),
+            "options": {},
+            "axes": {},  # the vision graph's only dynamic axis is the generic "batch"
+        }
+
+    def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
+        """vision: pixel_values float [B,3,s,s] -> image_features float [B,n,d]; embed/probe/decoder: the
+        shared specs with rank-1 positions."""
+        import torch
+        from torch.export import Dim
+
+        from coverpruner.export.graph_specs import text_graph_specs
+        from coverpruner.export.modules import VisionGraph
+
+        s = config.vision_config.image_size
+        specs = text_graph_specs(self, model, self.dims(config), dtype, rank=1,
+                                 num_visual=self.num_visual_tokens(config))
+        specs["vision"] = ExportSpec(VisionGraph(self, model).eval(), (torch.randn(2, 3, s, s, dtype=dtype),),
+                                     ["pixel_values"], ["image_features"], ({0: Dim("batch")},))
+        return specs
+
+    def write_files(self, model, out_dir: Path) -> dict[str, str]:
+        return {}  # nothing beyond the graphs and the support files
+
+
+def crop_box(width: int, height: int, settings) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in original-image pixels of the region the CLIP preprocessing keeps:
+    optional pad-to-square, shortest-edge resize, center crop (the steps of runtime.preprocess)."""
+    from coverpruner.runtime.preprocess import _resize_size
+
+    ox = oy = 0.0
+    fw, fh = width, height
+    if settings.do_pad and width != height:
+        side = max(width, height)
+        ox, oy = (0.0, (side - height) // 2) if width > height else ((side - width) // 2, 0.0)
+        fw = fh = side
+    nh, nw = _resize_size(fh, fw, settings) if settings.do_resize else (fh, fw)
+    sx, sy = fw / nw, fh / nh
+    if settings.do_center_crop:
+        ch, cw = settings.crop_height, settings.crop_width
+        top, left = (nh - ch) // 2, (nw - cw) // 2
+    else:
+        ch, cw, top, left = nh, nw, 0, 0
+    return (left * sx - ox, top * sy - oy, (left + cw) * sx - ox, (top + ch) * sy - oy)
+
+
+class LlavaRuntime(CompactPositions):
+    """LLaVA-1.5's run-time rules for one engine dir (contract.FamilyRuntime): one CLIP crop, n fixed by the
+    checkpoint, every image row a candidate, compact positions."""
+
+    def __init__(self, manifest):
+        # The CLIP steps live in runtime/preprocess.py (bit-equal to HF's PIL processor); imported here, not at
+        # module level, so exporting does not import the runtime package.
+        from coverpruner.runtime.preprocess import ImageSettings
+
+        self.settings = ImageSettings.from_dict(manifest.processor)
+        self.chat_template = manifest.chat_template
+        self.image_token_id = int(manifest.token_ids["image_token_id"])
+        self.n = manifest.max_visual_tokens
+        self.float_dtype = np.dtype(manifest.float_dtype)
+        dims = manifest.dims
+        self.side = int(dims["image_size"]) // int(dims["patch_size"])
+
+    def prepare_image(self, image, options: dict) -> VisionInputs:
+        """pixel_values [1,3,s,s] in the graph's float dtype; one panel: the crop's patch grid."""
+        from coverpruner.runtime.preprocess import load_image, preprocess_image
+
+        img = load_image(image)
+        pixel_values = preprocess_image(img, self.settings).astype(self.float_dtype)
+        grid = self.side * self.side
+        # "full" select strategy keeps CLS as candidate 0: it has no cell in the picture
+        cells = np.arange(self.n - grid, self.n, dtype=np.int64)
+        panel = GridPanel("kept patches", (self.side, self.side), crop_box(img.width, img.height, self.settings),
+                          cells)
+        return VisionInputs({"pixel_values": pixel_values}, self.n, (panel,), {"size": (img.width, img.height)})
+
+    def image_span(self, outputs: dict, vision: VisionInputs, options: dict) -> ImageSpan:
+        """image_features [1,n,d] -> rows [n,d], all candidates."""
+        feats = outputs["image_features"]
+        if feats.ndim != 3 or feats.shape[:2] != (1, self.n):
+            raise ValueError(f"vision graph returned image_features {list(feats.shape)}, expected [1, {self.n}, d]")
+        return ImageSpan(feats[0], np.arange(self.n, dtype=np.int64))
+
+    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
+        rendered = render_image_prompt(self.chat_template, prompt, IMAGE_TOKEN, num_image_rows)
+        return tokenize_layout(tokenizer, rendered, self.image_token_id, num_image_rows)

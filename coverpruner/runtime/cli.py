@@ -2,6 +2,7 @@
 
     coverpruner-run DIR --image PATH --prompt TEXT [--budget N|full] [--method NAME]
                     [--provider NAME] [--max-new-tokens N] [--stream] [--json] [--save-selection PNG]
+                    [family options, e.g. --newline-policy drop|keep]
 
 Exit codes: 0 ok, 2 bad input (one line on stderr: missing dir/manifest, unknown version, hash
 mismatch, unreadable image, prompt too long, unknown method/provider), 1 unexpected failure.
@@ -14,6 +15,7 @@ import json
 import sys
 
 from coverpruner.engines.ort import PROVIDERS
+from coverpruner.families import request_options
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.runtime.pipeline import METHODS, parse_budget
 
@@ -38,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     gen.add_argument("--seed", type=int, default=None, help="sampling / random-method seed")
+    fam = p.add_argument_group("model family options (default: the engine dir's)")
+    for name, (opt, families) in sorted(request_options().items()):
+        choices = f" ({'|'.join(map(str, opt.choices))})" if opt.choices else ""
+        fam.add_argument("--" + name.replace("_", "-"), dest=f"family_{name}", default=None,
+                         metavar=opt.metavar or name.upper(), help=f"{opt.help}{choices} [{', '.join(families)}]")
     eng = p.add_argument_group("engine")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
     eng.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's choice)")
@@ -76,9 +83,10 @@ def run(args) -> int:
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")
+    options = {k[len("family_"):]: v for k, v in vars(args).items() if k.startswith("family_") and v is not None}
     stream = pipe.stream(args.image, args.prompt, budget=budget, method=method, tau=args.tau,
                          max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                         seed=args.seed)
+                         seed=args.seed, **options)
     for piece in stream:
         if args.stream and not args.json:
             print(piece, end="", flush=True)
@@ -86,8 +94,7 @@ def run(args) -> int:
     if args.save_selection:
         from coverpruner.runtime.visualize import save_selection
 
-        save_selection(args.save_selection, args.image, result.kept_indices, result.num_visual_tokens,
-                       pipe.image_settings)
+        save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
     if args.json:
         print(json.dumps({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, indent=2))
     else:

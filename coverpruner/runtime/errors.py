@@ -5,13 +5,9 @@ The CLI turns every ``CoverPrunerError`` into that one line on stderr and exit c
 
 from __future__ import annotations
 
+from coverpruner.errors import CoverPrunerError, ManifestError  # shared with export/ and engines/
 
-class CoverPrunerError(Exception):
-    """Base class: a user-facing problem with the engine dir, the image, the prompt or an option."""
-
-
-class ManifestError(CoverPrunerError):
-    """Missing directory or manifest, unknown format version, missing/invalid field, hash mismatch."""
+__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "PromptError", "OptionError"]
 
 
 class ImageError(CoverPrunerError):

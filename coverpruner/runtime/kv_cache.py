@@ -13,9 +13,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names
+
 
 class DecoderSession:
-    """Runs one decoder graph with IO binding and owns its KV cache.
+    """Runs one decoder graph with IO binding and owns its KV cache (a coverpruner.engines.interfaces.DecoderLoop).
 
     num_layers, num_kv_heads, head_dim: cache geometry. dtype: numpy float dtype of the cache and
     inputs_embeds (float32 or float16). device: 'cpu' or 'cuda' (where the cache lives).
@@ -29,9 +31,8 @@ class DecoderSession:
         self.dtype = np.dtype(dtype)
         self.device = device
         names = {i.name for i in session.get_inputs()}
-        want = {"inputs_embeds", "attention_mask", "position_ids"} | {
-            f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")}
-        missing = sorted(want - names)
+        self._past, self._present = past_names(num_layers), present_names(num_layers)
+        missing = sorted({*DECODER_INPUTS, *self._past} - names)
         if missing:
             raise ValueError(f"decoder graph lacks inputs {missing[:4]} (has {sorted(names)[:6]}...)")
         self.capacity = 0
@@ -57,7 +58,7 @@ class DecoderSession:
 
     # -- one forward ------------------------------------------------------------------------
     def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Append S tokens. inputs_embeds [1,S,d] (cache dtype), position_ids int64 [1,S].
+        """Append S tokens. inputs_embeds [1,S,d] (cache dtype), position_ids int64 [1,S] or [R,1,S].
 
         Returns logits [V] of the last position (a view that the next call overwrites).
         """
@@ -71,15 +72,15 @@ class DecoderSession:
         b.bind_input("attention_mask", self.device, 0, np.int64, [1, total], self._mask.data_ptr())
         src, dst = self._cur, 1 - self._cur
         for i in range(self.num_layers):
-            for j, kv in enumerate(("key", "value")):
+            for j in range(2):  # key, value
+                past, present = self._past[2 * i + j], self._present[2 * i + j]
                 if self.length == 0:
                     # ORT rejects binding a null pointer; an empty host array is an empty past.
-                    b.bind_cpu_input(f"past_key_values.{i}.{kv}", np.zeros(self._shape(0), self.dtype))
+                    b.bind_cpu_input(past, np.zeros(self._shape(0), self.dtype))
                 else:
-                    b.bind_input(f"past_key_values.{i}.{kv}", self.device, 0, self.dtype,
-                                 self._shape(self.length), self._buf[i][j][src].data_ptr())
-                b.bind_output(f"present.{i}.{kv}", self.device, 0, self.dtype,
-                              self._shape(total), self._buf[i][j][dst].data_ptr())
+                    b.bind_input(past, self.device, 0, self.dtype, self._shape(self.length),
+                                 self._buf[i][j][src].data_ptr())
+                b.bind_output(present, self.device, 0, self.dtype, self._shape(total), self._buf[i][j][dst].data_ptr())
         b.bind_ortvalue_output("logits", self._logits_value)
         self.session.run_with_iobinding(b)
         self._cur, self.length = dst, total

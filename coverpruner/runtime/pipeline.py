@@ -1,12 +1,15 @@
 """Pipeline: an exported engine dir answering image + question with pruned visual tokens.
 
-One request (shapes for one image, n visual tokens, hidden size d, native length L):
+One request (batch 1; n candidates, S image-span rows, hidden size d, native length L, position rank R).
+Everything family-specific is asked of the family runtime (coverpruner.families.contract.FamilyRuntime):
 
-    image -> pixel_values [1,3,H,W] -> vision -> V [n,d]
-    prompt -> chat template -> ids [L] -> embed (text ids only) -> text embeds [L-n,d]
-    [prefix; V; suffix] [L,d] -> probe -> relevance r [n]          (only for methods that use it)
-    (V, r, budget, tau) -> selector -> keep [m] ascending
-    [prefix; V[keep]; suffix] [L',d] -> decoder prefill -> logits -> sample -> decode loop
+    image -> family.prepare_image -> vision feeds -> vision -> family.image_span -> rows [S,d], candidates [n]
+    prompt -> family.layout(S) -> ids [L], visual positions [S], instruction positions [T]
+    embed (text ids only) + image rows -> native sequence [L,d]; family.native_positions -> [R,L]
+    probe at the candidates' positions -> relevance r [n]           (only for methods that use it)
+    (V = rows[candidates], r, budget, tau) -> selector -> keep [m] ascending
+    text + kept rows (+ the family's always-kept rows) in native order [L',d], family.pruned_positions
+    -> decoder prefill -> logits -> sample -> decode loop at family.decode_position(t)
 
 This module never imports torch or transformers' modeling code.
 """
@@ -15,16 +18,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
+from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_manifest, position_ids_input
+from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.families import get_family
-from coverpruner.runtime.errors import ManifestError, OptionError, PromptError
+from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.kv_cache import DecoderSession
-from coverpruner.runtime.manifest import Manifest, graph_spec, load_manifest
-from coverpruner.runtime.preprocess import ImageSettings, preprocess_image
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
@@ -83,20 +86,23 @@ class Pipeline:
         #: "onnx" when a selector.onnx session runs the coverpruner method, else "numpy"
         self.selector_backend = "onnx" if "selector" in sessions else "numpy"
         d, t = manifest.dims, manifest.token_ids
-        self.num_visual_tokens = int(d["num_visual_tokens"])
+        #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
+        self.max_visual_tokens = manifest.max_visual_tokens
         self.max_positions = int(d["max_position_embeddings"])
         self.float_dtype = np.dtype(manifest.float_dtype)
         self.eos_ids = set(np.atleast_1d(t["eos_token_id"]).astype(int).tolist())
-        self.image_settings = ImageSettings.from_dict(manifest.processor)
         tok_file = next((f for f in manifest.raw.get("tokenizer_files", ["tokenizer.json"])
                          if f.endswith("tokenizer.json")), "tokenizer.json")
         try:
             self.family = get_family(manifest.family)
-        except KeyError as exc:
+            #: the family's run-time rules bound to this dir (contract.FamilyRuntime)
+            self.family_runtime = self.family.runtime(manifest)
+        except (KeyError, ValueError) as exc:
             raise ManifestError(f"{manifest.root / 'manifest.json'}: {exc.args[0]}") from None
-        self.encoder = PromptEncoder(manifest.root / tok_file, manifest.chat_template, t["image_token_id"],
-                                     self.num_visual_tokens, self.family)
+        self._options = {o.name: o for o in self.family.request_options}
+        self.encoder = PromptEncoder(manifest.root / tok_file, t["image_token_id"], self.family_runtime)
         self.sessions = sessions
+        self.vision_outputs = [o.name for o in graph_spec(manifest, "vision").outputs]
         dims = (int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]), int(d["vocab_size"]))
         # a session that brings its own KV-cache loop (native TensorRT engines keep the cache on the GPU)
         # provides decoder_loop(); ORT sessions use the IO-binding loop
@@ -104,10 +110,17 @@ class Pipeline:
         self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
                         else DecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
 
+    @property
+    def num_visual_tokens(self) -> int:
+        """Upper bound on the candidates of one image (kept for callers written before n became per request;
+        equal to n for LLaVA-1.5). A request's own n is GenerationResult.num_visual_tokens."""
+        return self.max_visual_tokens
+
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
-             session_factory: Callable | None = None, verify: bool = True, selector: str = "auto") -> "Pipeline":
+             session_factory: SessionFactory | None = None, verify: bool = True,
+             selector: str = "auto") -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
         engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
         message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
@@ -119,7 +132,8 @@ class Pipeline:
         after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
         a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
-        session_factory(name, path) -> session replaces the ORT factory (e.g. native TensorRT engines).
+        session_factory(name, path) -> session replaces the ORT factory (engines.interfaces.SessionFactory, e.g.
+        engines.trt_session.TrtSessionFactory); a session with decoder_loop() brings its own DecoderLoop.
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
@@ -132,13 +146,14 @@ class Pipeline:
             selector = "onnx" if has_loop else "numpy"
         try:
             if session_factory is None and provider == "tensorrt" and manifest.raw.get("tensorrt"):
+                # native engines; the decoder engine's session brings its own GPU KV-cache loop
                 from coverpruner.engines.trt_session import TrtSessionFactory  # torch-free; TensorRT lazily
 
                 session_factory = TrtSessionFactory(manifest.root)
             factory = session_factory or OrtSessionFactory(provider, threads, manifest=manifest.raw)
         except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
             raise OptionError(str(exc).splitlines()[0]) from None
-        names = ("vision", "embed", "probe", "decoder") + (("selector",) if selector == "onnx" else ())
+        names = REQUIRED_GRAPHS + (("selector",) if selector == "onnx" else ())
         sessions = {}
         for name in names:
             try:
@@ -148,20 +163,19 @@ class Pipeline:
         return cls(manifest, sessions, provider)
 
     # -- stages -----------------------------------------------------------------------------
-    def image_features(self, pixel_values: np.ndarray) -> np.ndarray:
-        """pixel_values float32 [1,3,H,W] -> V [n,d] in the graph's float dtype."""
-        out = self.sessions["vision"].run(["image_features"], {"pixel_values": pixel_values.astype(self.float_dtype)})[0]
-        if out.ndim != 3 or out.shape[1] != self.num_visual_tokens:
-            raise ManifestError(f"vision graph returned {out.shape}, manifest says n={self.num_visual_tokens}")
-        return out[0]
+    def vision(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The vision graph on the family's feeds -> its outputs by name (batch axis included)."""
+        return dict(zip(self.vision_outputs, self.sessions["vision"].run(self.vision_outputs, feeds)))
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """int64 [S] -> inputs_embeds [S,d]."""
         return self.sessions["embed"].run(["inputs_embeds"], {"input_ids": ids[None].astype(np.int64)})[0][0]
 
-    def relevance(self, embeds: np.ndarray, visual_pos: np.ndarray, instr_pos: np.ndarray) -> np.ndarray:
-        """Layer-0 demand. embeds [L,d] native sequence -> relevance float32 [n]."""
-        feeds = {"inputs_embeds": embeds[None], "position_ids": np.arange(len(embeds), dtype=np.int64)[None],
+    def relevance(self, embeds: np.ndarray, positions: np.ndarray, visual_pos: np.ndarray,
+                  instr_pos: np.ndarray) -> np.ndarray:
+        """Layer-0 demand. embeds [L,d] native sequence, positions int64 [R,L] native, visual_pos int64 [n]
+        (the candidates' sequence indices), instr_pos int64 [T] -> relevance float32 [n]."""
+        feeds = {"inputs_embeds": embeds[None], "position_ids": position_ids_input(positions, len(positions)),
                  "visual_positions": visual_pos, "instruction_positions": instr_pos}
         return self.sessions["probe"].run(["relevance"], feeds)[0].astype(np.float32)
 
@@ -174,20 +188,22 @@ class Pipeline:
     # -- generation -------------------------------------------------------------------------
     def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, ignore_eos: bool = False) -> GenerationResult:
+                 seed: int | None = None, ignore_eos: bool = False, **options) -> GenerationResult:
         """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). budget: int, "full" or None.
 
         ignore_eos: keep decoding past EOS up to max_new_tokens (fixed-length runs for benchmarks).
+        options: the family's request options (``family_options()``, e.g. newline_policy="keep" for
+        LLaVA-NeXT); unset ones take the engine dir's defaults.
         """
         stream = self.stream(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
-                             ignore_eos)
+                             ignore_eos, **options)
         for _ in stream:
             pass
         return stream.result
 
     def stream(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int | None = None, ignore_eos: bool = False) -> TextStream:
+               seed: int | None = None, ignore_eos: bool = False, **options) -> TextStream:
         """Like generate, but iterating yields text pieces as they decode; ``.result`` at the end.
 
         Options are validated here, before any work, so bad options fail at the call.
@@ -199,33 +215,82 @@ class Pipeline:
             raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling = SamplingConfig(temperature, top_p, seed)
         stop_ids = set() if ignore_eos else self.eos_ids
+        family_options = self.resolve_options(options)
         return TextStream(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens, sampling, seed,
-                                    stop_ids))
+                                    stop_ids, family_options))
 
-    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed, stop_ids):
+    def family_options(self) -> dict:
+        """The family's request options and their values when a request names none: {name: default}."""
+        return self.resolve_options({})
+
+    def resolve_options(self, given: dict) -> dict:
+        """Family request options: given values (validated) over the manifest's defaults over the family's.
+        OptionError (one line) for an option the family does not have or a value it does not allow."""
+        unknown = sorted(set(given) - set(self._options))
+        if unknown:
+            raise OptionError(f"unknown option(s) {unknown} for model family {self.manifest.family!r}; it takes "
+                              f"{sorted(self._options) or 'none'}")
+        resolved = {}
+        for name, opt in self._options.items():
+            value = given.get(name)
+            if value is None:
+                value = self.manifest.options.get(name, opt.default)
+            try:
+                resolved[name] = opt.validate(value)
+            except ValueError as exc:
+                raise OptionError(str(exc).splitlines()[0]) from None
+        return resolved
+
+    def _prepare(self, image, options: dict):
+        """The family's steps before the graphs: vision inputs; ImageError / PromptError on bad input."""
+        try:
+            return self.family_runtime.prepare_image(image, options)
+        except CoverPrunerError:
+            raise
+        except ValueError as exc:
+            raise ImageError(str(exc).splitlines()[0]) from None
+
+    def _image_span(self, outputs: dict, vision, options: dict):
+        try:
+            return self.family_runtime.image_span(outputs, vision, options)
+        except ValueError as exc:  # the graph's outputs disagree with the manifest
+            raise ManifestError(f"{self.manifest.root / 'manifest.json'}: {str(exc).splitlines()[0]}") from None
+
+    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed, stop_ids, options):
+        fam = self.family_runtime
         times = dict.fromkeys(TIMING_KEYS, 0.0)
         t_start = t = time.perf_counter()
-        pixel_values = preprocess_image(image, self.image_settings)
-        enc = self.encoder.encode(prompt)
-        L, n = len(enc.input_ids), self.num_visual_tokens
-        if L >= self.max_positions:
-            raise PromptError(f"prompt is {L} tokens including {n} visual tokens; the context allows "
-                              f"{self.max_positions - 1} before the first answer token")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise PromptError("prompt is empty")
+        vision = self._prepare(image, options)
         times["preprocess"], t = time.perf_counter() - t, time.perf_counter()
 
-        feats = self.image_features(pixel_values)  # [n,d]
+        span = self._image_span(self.vision(vision.feeds), vision, options)
+        n, num_rows = len(span.candidates), len(span.rows)
         times["vision"], t = time.perf_counter() - t, time.perf_counter()
+
+        t0 = time.perf_counter()
+        enc = self.encoder.encode(prompt, num_rows)
+        L = len(enc.input_ids)
+        if L >= self.max_positions:
+            raise PromptError(f"prompt is {L} tokens including {num_rows} image tokens; the context allows "
+                              f"{self.max_positions - 1} before the first answer token")
+        native = np.asarray(fam.native_positions(enc, vision), dtype=np.int64)  # [R,L]
+        times["preprocess"] += time.perf_counter() - t0
+        t = time.perf_counter()
 
         is_text = np.ones(L, dtype=bool)
         is_text[enc.visual_positions] = False
-        embeds = np.empty((L, feats.shape[1]), dtype=self.float_dtype)
+        embeds = np.empty((L, span.rows.shape[1]), dtype=self.float_dtype)
         embeds[is_text] = self.embed(enc.input_ids[is_text])
-        embeds[enc.visual_positions] = feats
+        embeds[enc.visual_positions] = span.rows
         times["embed"], t = time.perf_counter() - t, time.perf_counter()
 
+        feats = span.features  # V [n,d]
+        candidate_pos = enc.visual_positions[span.candidates]
         relevance = None
         if budget is not None and method in _USES_RELEVANCE:
-            relevance = self.relevance(embeds, enc.visual_positions, enc.instruction_positions)
+            relevance = self.relevance(embeds, native, candidate_pos, enc.instruction_positions)
             times["probe"], t = time.perf_counter() - t, time.perf_counter()
 
         if budget is None:
@@ -239,17 +304,20 @@ class Pipeline:
                                      seed=seed), dtype=np.int64)
             times["select"], t = time.perf_counter() - t, time.perf_counter()
 
-        # Pruned sequence: all text tokens plus the kept visual tokens, in native order.
-        rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[keep]]))
+        # Pruned sequence: all text tokens plus the kept image rows, in native order. Budget "full" keeps
+        # every image row (the unpruned model), otherwise the kept candidates and the family's always-kept rows.
+        if budget is None:
+            kept_rows = np.arange(num_rows, dtype=np.int64)
+        else:
+            kept_rows = np.union1d(span.candidates[keep], span.always_kept).astype(np.int64)
+        rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[kept_rows]]))
         seq = embeds[rows]
-        if self.manifest.position_mode == "compact":  # re-packed 0..L'-1 as the family defines it
-            positions = np.asarray(self.family.pruned_position_ids(len(rows)), dtype=np.int64).reshape(-1)
-        else:  # native: kept tokens keep their original positions
-            positions = rows.astype(np.int64)
-        room = self.max_positions - int(positions[-1]) - 1
-        steps = min(max_new_tokens, room)
+        positions = np.asarray(fam.pruned_positions(native, rows), dtype=np.int64)  # [R,L']
+        rank = fam.position_rank
+        first = int(np.max(fam.decode_position(native, positions, 0)))
+        steps = min(max_new_tokens, self.max_positions - first)
         self.decoder.reset(len(rows) + steps)
-        logits = self.decoder.forward(seq[None], positions[None])
+        logits = self.decoder.forward(seq[None], position_ids_input(positions, rank))
         sampler = Sampler(sampling)
         token = sampler(logits)
         times["prefill"], t = time.perf_counter() - t, time.perf_counter()
@@ -257,7 +325,6 @@ class Pipeline:
         stream = StreamDecoder(self.encoder)
         tokens = [token]
         finish = "length" if steps == max_new_tokens else "context"
-        next_pos = int(positions[-1]) + 1
         while True:
             if token in stop_ids:
                 finish = "eos"
@@ -268,8 +335,8 @@ class Pipeline:
             if len(tokens) >= steps:
                 break
             emb = self.embed(np.array([token], dtype=np.int64))
-            logits = self.decoder.forward(emb[None], np.array([[next_pos]], dtype=np.int64))
-            next_pos += 1
+            pos = np.asarray(fam.decode_position(native, positions, len(tokens) - 1), dtype=np.int64)[:, None]
+            logits = self.decoder.forward(emb[None], position_ids_input(pos, rank))
             token = sampler(logits)
             tokens.append(token)
         piece = stream.flush()
@@ -280,4 +347,4 @@ class Pipeline:
         return GenerationResult(
             text=stream.emitted, token_ids=tokens, kept_indices=keep, relevance=relevance, timings=times,
             num_visual_tokens=n, prompt_tokens=L, prefill_tokens=len(rows), budget=budget, method=method,
-            finish_reason=finish)
+            finish_reason=finish, panels=vision.panels, options=options)

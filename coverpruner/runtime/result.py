@@ -16,9 +16,12 @@ class GenerationResult:
     """One answer.
 
     token_ids: generated ids (the EOS id included when generation stopped on it).
-    kept_indices: int64 [m] visual-token indices kept, ascending (all n for budget "full").
+    kept_indices: int64 [m] candidate indices kept, ascending (all n for budget "full").
     relevance: float32 [n] layer-0 demand from the probe, or None when no method needed it.
     timings: seconds per stage, keys TIMING_KEYS.
+    num_visual_tokens: n, the candidates of this image (per request for families with dynamic resolution).
+    panels: the family's geometry of the candidates over the original image (runtime.visualize draws it).
+    options: the family's request options as they were applied (e.g. {"newline_policy": "drop"}).
     """
 
     text: str
@@ -32,6 +35,8 @@ class GenerationResult:
     budget: int | None
     method: str
     finish_reason: str  # "eos", "length" (max_new_tokens) or "context" (context window full)
+    panels: tuple = ()
+    options: dict = field(default_factory=dict)
     timings_ms: dict = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -57,6 +62,7 @@ class GenerationResult:
             "budget": self.budget,
             "method": self.method,
             "finish_reason": self.finish_reason,
+            "options": dict(self.options),
             "timings": {k: float(v) for k, v in self.timings.items()},
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }

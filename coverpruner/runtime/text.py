@@ -11,43 +11,29 @@ offsets) overlaps the span of the user's prompt text inside the rendered chat te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 
+from coverpruner.families.contract import NativeLayout
 from coverpruner.runtime.errors import ManifestError, PromptError
 
 
-@dataclass(frozen=True)
-class EncodedPrompt:
-    """The native (unpruned) token sequence of one request.
-
-    input_ids: int64 [L], image placeholders expanded to ``n`` image-token ids.
-    visual_positions: int64 [n], where the image tokens sit in input_ids.
-    instruction_positions: int64 [T], tokens overlapping the user's prompt text.
-    text: the rendered chat template with the placeholders expanded.
-    """
-
-    input_ids: np.ndarray
-    visual_positions: np.ndarray
-    instruction_positions: np.ndarray
-    text: str
+#: The native (unpruned) token sequence of one request: the family contract's NativeLayout
+#: (input_ids int64 [L], visual_positions int64 [S], instruction_positions int64 [T], text).
+EncodedPrompt = NativeLayout
 
 
 class PromptEncoder:
-    """Chat template + tokenizer for one engine dir.
+    """Tokenizer + the family's layout rules for one engine dir.
 
-    The layout rules (how the template places the image, how the placeholder expands, which tokens
-    are the instruction) belong to the model family: ``family`` is its adapter from
-    ``coverpruner.families.get_family`` (torch-free at run time). This class owns the tokenizer,
-    error reporting and decoding.
-    tokenizer_path: tokenizer.json. image_token_id: placeholder id. num_visual_tokens: n per image.
+    The layout rules (chat template, how the template places the image, how the placeholder expands, which
+    tokens are the instruction) belong to the model family: ``family`` is its run-time object
+    (``Family.runtime(manifest)``, torch-free). This class owns the tokenizer, error reporting and decoding.
+    tokenizer_path: tokenizer.json. image_token_id: placeholder id (checked against the vocabulary).
     """
 
-    def __init__(self, tokenizer_path: Path, chat_template: str, image_token_id: int, num_visual_tokens: int,
-                 family):
+    def __init__(self, tokenizer_path: Path, image_token_id: int, family):
         tokenizer_path = Path(tokenizer_path)
         if not tokenizer_path.is_file():
             raise ManifestError(f"tokenizer file not found: {tokenizer_path}")
@@ -55,25 +41,22 @@ class PromptEncoder:
             self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         except Exception as exc:
             raise ManifestError(f"{tokenizer_path}: cannot load tokenizer ({exc})") from None
-        self.chat_template = chat_template
         self.image_token_id = int(image_token_id)
         if self.tokenizer.id_to_token(self.image_token_id) is None:
             raise ManifestError(f"{tokenizer_path}: image_token_id {image_token_id} is not in the vocabulary")
-        self.num_visual_tokens = int(num_visual_tokens)
         self.family = family
 
-    def encode(self, prompt: str) -> EncodedPrompt:
-        """Render the chat template around ``prompt``, tokenize, and locate visual / instruction tokens."""
+    def encode(self, prompt: str, num_image_rows: int) -> EncodedPrompt:
+        """Lay out one user turn [image, ``prompt``] with the image placeholder expanded to ``num_image_rows``
+        (S, known once the image is seen) and locate the visual / instruction tokens."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise PromptError("prompt is empty")
         try:
-            rendered = self.family.render_prompt(self.chat_template, prompt, self.num_visual_tokens)
-            layout = self.family.native_layout(self.tokenizer, rendered, self.image_token_id, self.num_visual_tokens)
-        except ValueError as exc:  # the adapter's layout rules reject the prompt
+            return self.family.layout(self.tokenizer, prompt, int(num_image_rows))
+        except ValueError as exc:  # the family's layout rules reject the prompt
             raise PromptError(str(exc).splitlines()[0]) from None
         except Exception as exc:  # jinja2 errors from a broken template in the manifest
             raise ManifestError(f"manifest chat_template failed to render: {exc}") from None
-        return EncodedPrompt(layout.input_ids, layout.visual_positions, layout.instruction_positions, rendered.text)
 
     def decode(self, ids) -> str:
         """Token ids -> text, skipping special tokens."""

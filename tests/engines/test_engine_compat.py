@@ -47,12 +47,12 @@ def test_session_factory_refuses_dir_without_engines(tmp_path):
     pytest.importorskip("tensorrt_rtx", reason="needs TensorRT-RTX bindings to get past the import")
     from coverpruner.engines.trt_session import TrtSessionFactory
 
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": "coverpruner-engine-dir", "format_version": 1}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "coverpruner-engine-dir", "format_version": 2}))
     with pytest.raises(EngineMismatchError, match="no TensorRT engines"):
         TrtSessionFactory(tmp_path)
 
 
-MANIFEST = {"dims": {"num_visual_tokens": 576, "hidden_size": 4096, "max_position_embeddings": 4096}}
+MANIFEST = {"dims": {"hidden_size": 4096, "max_position_embeddings": 4096}, "visual": {"max_visual_tokens": 576}}
 
 
 def test_axis_ranges_follow_manifest_and_options():
@@ -66,6 +66,11 @@ def test_axis_ranges_follow_manifest_and_options():
     r = axis_ranges(MANIFEST, BuildOptions(shapes={"seq": (1, 8, 16), "frames": (1, 2, 3)}))
     assert r["seq"] == (1, 8, 16) and r["frames"] == (1, 2, 3)
     assert r["past_sequence"][2] == 4095  # max_context defaults to max_position_embeddings
+    # a family's own axes (manifest "axes", e.g. LLaVA-NeXT's tile axis) join the generic ones; --shape wins
+    fam = {**MANIFEST, "visual": {"max_visual_tokens": 2880}, "axes": {"num_tiles": [1, 5, 5]}}
+    r = axis_ranges(fam, BuildOptions())
+    assert r["num_tiles"] == (1, 5, 5) and r["num_visual"] == (1, 2880, 2880)
+    assert axis_ranges(fam, BuildOptions(shapes={"num_tiles": (1, 3, 3)}))["num_tiles"] == (1, 3, 3)
 
 
 def test_input_profile_and_budget_profile():

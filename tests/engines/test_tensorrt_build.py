@@ -60,8 +60,7 @@ def test_every_graph_builds(trt_rtx, export_copy):
         blob = (export_copy / rec["file"]).read_bytes()
         assert _engine_magic_ok(blob), graph
         assert hashlib.sha256(blob).hexdigest() == rec["sha256"]
-    dims = manifest["dims"]
-    n, hidden = dims["num_visual_tokens"], dims["hidden_size"]
+    n, hidden = manifest["visual"]["max_visual_tokens"], manifest["dims"]["hidden_size"]
     # profiles come from the manifest's symbolic axes
     dec = section["engines"]["decoder"]["profile"]
     assert dec["inputs_embeds"] == {"min": [1, 1, hidden], "opt": [1, min(256, n + 64), hidden],
@@ -83,8 +82,8 @@ def _selector_dir(tmp_path, dtype="float32", precision="fp32", form="loop"):
     onnx.save(build_selector_model(dtype, form=form), d / "selector.onnx")
     ft = "float16" if dtype == "float16" else "float32"
     manifest = {
-        "format": "coverpruner-engine-dir", "format_version": 1, "precision": precision, "selector_form": form,
-        "dims": {"hidden_size": 32, "num_visual_tokens": 48, "max_position_embeddings": 128},
+        "format": "coverpruner-engine-dir", "format_version": 2, "precision": precision, "selector_form": form,
+        "dims": {"hidden_size": 32, "max_position_embeddings": 128}, "visual": {"max_visual_tokens": 48},
         "graphs": {"selector": {"file": "selector.onnx",
                                 "inputs": [{"name": "image_features", "dtype": ft, "shape": ["n", "d"]},
                                            {"name": "relevance", "dtype": "float32", "shape": ["n"]},
@@ -138,8 +137,8 @@ def _tiny_graph_dir(tmp_path, input_shape, manifest_shape, name="x"):
     d = tmp_path / "g"
     d.mkdir()
     onnx.save(model, d / "g.onnx")
-    manifest = {"format": "coverpruner-engine-dir", "format_version": 1, "precision": "fp32",
-                "dims": {"hidden_size": 8, "num_visual_tokens": 4, "max_position_embeddings": 64},
+    manifest = {"format": "coverpruner-engine-dir", "format_version": 2, "precision": "fp32",
+                "dims": {"hidden_size": 8, "max_position_embeddings": 64}, "visual": {"max_visual_tokens": 4},
                 "graphs": {"g": {"file": "g.onnx", "inputs": [{"name": "x", "dtype": "float32",
                                                                "shape": manifest_shape}], "outputs": []}}}
     (d / "manifest.json").write_text(json.dumps(manifest))
@@ -175,10 +174,13 @@ def test_parser_errors_name_the_graph(trt_rtx, tmp_path):
 
 
 def test_missing_or_foreign_manifest(trt_rtx, tmp_path):
-    with pytest.raises(TensorRTBuildError, match="has no manifest.json"):
+    with pytest.raises(TensorRTBuildError, match="manifest.json not found"):
         build_engine_dir(tmp_path, BuildOptions(), trt_rtx)
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "other", "format_version": 3}))
-    with pytest.raises(TensorRTBuildError, match="expected coverpruner-engine-dir version 1"):
+    with pytest.raises(TensorRTBuildError, match="field 'format' is 'other', expected 'coverpruner-engine-dir'"):
+        build_engine_dir(tmp_path, BuildOptions(), trt_rtx)
+    (tmp_path / "manifest.json").write_text(json.dumps({"format": "coverpruner-engine-dir", "format_version": 1}))
+    with pytest.raises(TensorRTBuildError, match="format_version 1 predates the family contract.*re-export"):
         build_engine_dir(tmp_path, BuildOptions(), trt_rtx)
 
 

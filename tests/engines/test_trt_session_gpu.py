@@ -36,7 +36,7 @@ def built_dir(tiny_export, tmp_path_factory, trt_module):
 
 def _feeds(manifest, rng):
     dims = manifest["dims"]
-    n, hidden = dims["num_visual_tokens"], dims["hidden_size"]
+    n, hidden = manifest["visual"]["max_visual_tokens"], dims["hidden_size"]
     size = dims["image_size"]
     L = n + 12
     kv = {}
@@ -104,9 +104,9 @@ def test_plugin_selector_engine_matches_reference(native_libs, trt_module, tmp_p
 
     n, d = 576, 256
     onnx.save(build_selector_plugin_model("float32"), tmp_path / "selector.onnx")
-    manifest = {"format": "coverpruner-engine-dir", "format_version": 1, "precision": "fp32",
-                "selector_form": "plugin",
-                "dims": {"hidden_size": d, "num_visual_tokens": n, "max_position_embeddings": 1024},
+    manifest = {"format": "coverpruner-engine-dir", "format_version": 2, "precision": "fp32",
+                "selector_form": "plugin", "visual": {"max_visual_tokens": n},
+                "dims": {"hidden_size": d, "max_position_embeddings": 1024},
                 "graphs": {"selector": {"file": "selector.onnx", "inputs": [
                     {"name": "image_features", "dtype": "float32", "shape": ["n", "d"]},
                     {"name": "relevance", "dtype": "float32", "shape": ["n"]},
@@ -157,14 +157,15 @@ def test_decoder_kv_loop_matches_onnxruntime(built_dir, trt_module):
 
 def test_pipeline_on_engines_answers_like_onnxruntime(built_dir, trt_module):
     """The runtime's Pipeline on TensorRT engines generates the ORT CPU pipeline's tokens (greedy), whether
-    opened through load_tensorrt_pipeline or Pipeline.load(provider="tensorrt")."""
-    from coverpruner.engines.trt_pipeline import load_tensorrt_pipeline
+    opened through Pipeline.load(provider="tensorrt") or with the TrtSessionFactory passed explicitly."""
+    from coverpruner.engines.trt_session import TrtSessionFactory
     from coverpruner.runtime import Pipeline
 
     image = (np.random.default_rng(3).random((200, 240, 3)) * 255).astype(np.uint8)
     want = Pipeline.load(built_dir, provider="cpu").generate(image, "What is shown?", budget=16,
                                                              max_new_tokens=8, ignore_eos=True)
-    for pipe in (load_tensorrt_pipeline(built_dir), Pipeline.load(built_dir, provider="tensorrt")):
+    for pipe in (Pipeline.load(built_dir, provider="tensorrt"),
+                 Pipeline.load(built_dir, provider="tensorrt", session_factory=TrtSessionFactory(built_dir))):
         got = pipe.generate(image, "What is shown?", budget=16, max_new_tokens=8, ignore_eos=True)
         np.testing.assert_array_equal(got.kept_indices, want.kept_indices)
         assert got.token_ids == want.token_ids

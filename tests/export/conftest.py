@@ -53,23 +53,34 @@ class Request:
     instruction_positions: np.ndarray
 
 
+def family_runtime(checkpoint: Path, family_name: str = "llava"):
+    """The family's run-time rules bound to the manifest fields it would export for ``checkpoint`` (no graphs)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from coverpruner.engine_dir import PRECISIONS
+    from coverpruner.families import get_family
+
+    fam = get_family(family_name)
+    fields = fam.manifest_fields(AutoConfig.from_pretrained(str(checkpoint)), Path(checkpoint))
+    manifest = SimpleNamespace(**fields, max_visual_tokens=fields["visual"]["max_visual_tokens"],
+                               position_rank=fields["visual"]["position_rank"], float_dtype=PRECISIONS["fp32"])
+    return fam.runtime(manifest)
+
+
 @pytest.fixture(scope="session")
 def request_inputs(hf_processor, tiny_checkpoint) -> Request:
     """Processor output for (sample image, PROMPT) plus the family's visual / instruction positions."""
     from tokenizers import Tokenizer
 
-    from coverpruner.families import get_family
-
-    fam = get_family("llava")
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
     text = hf_processor.apply_chat_template(messages, add_generation_prompt=True)
     enc = hf_processor(images=sample_image(), text=text, return_tensors="np")
     cfg = hf_processor.image_processor.crop_size["height"] // hf_processor.patch_size
     n = cfg * cfg
-    rendered = fam.render_prompt(fam.chat_template(Path(tiny_checkpoint)), PROMPT, n)
-    image_id = hf_processor.tokenizer.convert_tokens_to_ids("<image>")
-    layout = fam.native_layout(Tokenizer.from_file(str(Path(tiny_checkpoint) / "tokenizer.json")), rendered,
-                               image_id, n)
+    tokenizer = Tokenizer.from_file(str(Path(tiny_checkpoint) / "tokenizer.json"))
+    layout = family_runtime(tiny_checkpoint).layout(tokenizer, PROMPT, n)
     assert (layout.input_ids == enc["input_ids"][0]).all(), "family layout must tokenize like the HF processor"
     return Request(enc["pixel_values"].astype(np.float32), enc["input_ids"].astype(np.int64),
                    layout.visual_positions, layout.instruction_positions)

@@ -133,3 +133,31 @@ def test_bad_cli_arguments_exit_2(tiny_checkpoint, tmp_path):
         export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--graphs", "vision,foo"])
     assert exc.value.code == 2
     assert export_main(["--model", str(tiny_checkpoint), "--output", str(tmp_path), "--opset", "16"]) == 2
+
+
+def test_option_defaults_are_checked_then_recorded(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """--option NAME=VALUE: refused in one line before anything is written when the family lacks the option or
+    the value; otherwise recorded as the manifest's default (a test family with a `mirror` option)."""
+    import coverpruner.families as families
+
+    out = tmp_path / "eng"
+    assert export_main(["--model", str(tiny_checkpoint), "--output", str(out), "--graphs", "embed", "--no-progress",
+                        "--option", "newline_policy=keep"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["coverpruner-export: --option: model family 'llava' has no option(s) ['newline_policy']; it "
+                   "takes none"]
+    assert not out.exists()
+
+    monkeypatch.setitem(families._ADAPTERS, "llava_mirror", "tests.runtime.test_family_options:MirrorFamily")
+    monkeypatch.setitem(families._MODEL_TYPES, "llava", "llava_mirror")
+    families.get_family.cache_clear()
+    try:
+        assert export_main(["--model", str(tiny_checkpoint), "--output", str(out), "--graphs", "embed",
+                            "--no-progress", "--option", "mirror=maybe"]) == 2
+        assert "--option: mirror must be one of ['no', 'yes'], got 'maybe'" in capsys.readouterr().err
+        assert export_main(["--model", str(tiny_checkpoint), "--output", str(out), "--graphs", "embed",
+                            "--no-progress", "--option", "mirror=yes"]) == 0
+        man = json.loads((out / "manifest.json").read_text())
+        assert man["family"] == "llava_mirror" and man["options"] == {"mirror": "yes"}
+    finally:
+        families.get_family.cache_clear()

@@ -9,14 +9,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from coverpruner.families import family_for_model_type, get_family, resolve_alias
-from coverpruner.families.base import instruction_positions_from_offsets, render_chat_template
-from tests.export.conftest import PROMPT
+from coverpruner.families import family_for_model_type, family_names, get_family, resolve_alias
+from coverpruner.families.base import (
+    instruction_positions_from_offsets,
+    render_chat_template,
+    render_image_prompt,
+    tokenize_layout,
+)
+from coverpruner.families.contract import Family, FamilyRuntime, NativeLayout
+from tests.export.conftest import PROMPT, family_runtime
 
 
 def test_family_modules_import_without_torch():
-    code = ("import sys; import coverpruner.families as f; fam = f.get_family('llava'); "
-            "fam.render_prompt('USER: <image>\\n{{ messages[0][\"content\"][1][\"text\"] }} ASSISTANT:', 'hi', 3); "
+    code = ("import sys; import coverpruner.families as f; from coverpruner.families.base import render_image_prompt; "
+            "[f.get_family(n) for n in f.family_names()]; f.request_options(); "
+            "render_image_prompt('USER: <image>\\n{{ messages[0][\"content\"][1][\"text\"] }} ASSISTANT:', 'hi', "
+            "'<image>', 3); "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
@@ -69,12 +77,12 @@ def test_layout_errors_are_clear(tiny_checkpoint):
 
     fam = get_family("llava")
     tpl = fam.chat_template(tiny_checkpoint)
-    with pytest.raises(ValueError, match="must not contain the image token"):
-        fam.render_prompt(tpl, "look at <image>", 144)
     tok = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
-    rendered = fam.render_prompt(tpl, "hello", 10)
+    with pytest.raises(ValueError, match="must not contain the image token"):
+        family_runtime(tiny_checkpoint).layout(tok, "look at <image>", 144)
+    rendered = render_image_prompt(tpl, "hello", "<image>", 10)
     with pytest.raises(ValueError, match="has 10 image tokens .* expected 144"):
-        fam.native_layout(tok, rendered, tok.token_to_id("<image>"), 144)
+        tokenize_layout(tok, rendered, tok.token_to_id("<image>"), 144)
     with pytest.raises(FileNotFoundError, match="no chat template found"):
         fam.chat_template(tiny_checkpoint / "missing")
 
@@ -87,5 +95,61 @@ def test_processor_settings_match_hf_image_processor(hf_processor, tiny_checkpoi
     assert s["rescale_factor"] == pytest.approx(ip.rescale_factor)
 
 
-def test_compact_positions():
-    np.testing.assert_array_equal(get_family("llava").pruned_position_ids(5), [[0, 1, 2, 3, 4]])
+def test_compact_positions(tiny_checkpoint):
+    """LLaVA: native 0..L-1, a pruned sequence re-packed 0..L'-1, the t-th generated token at L' + t."""
+    rt = family_runtime(tiny_checkpoint)
+    layout = NativeLayout(np.arange(10, 19), np.arange(2, 6), np.array([7]))
+    native = rt.native_positions(layout, None)
+    np.testing.assert_array_equal(native, [np.arange(9)])
+    pruned = rt.pruned_positions(native, np.array([0, 1, 3, 6, 7, 8]))
+    np.testing.assert_array_equal(pruned, [[0, 1, 2, 3, 4, 5]])
+    assert rt.decode_position(native, pruned, 0).tolist() == [6]
+    assert rt.decode_position(native, pruned, 3).tolist() == [9]
+    assert rt.position_rank == 1 and isinstance(rt, FamilyRuntime) and isinstance(get_family("llava"), Family)
+
+
+def test_manifest_fields_of_llava(tiny_checkpoint):
+    from transformers import AutoConfig
+
+    fields = get_family("llava").manifest_fields(AutoConfig.from_pretrained(str(tiny_checkpoint)), tiny_checkpoint)
+    assert fields["visual"] == {"max_visual_tokens": 144, "position_rank": 1, "position_mode": "compact"}
+    assert fields["options"] == {} and fields["axes"] == {} and get_family("llava").request_options == ()
+
+
+@pytest.mark.parametrize("size", [(200, 240), (500, 120), (60, 90)])
+def test_llava_prepare_image_equals_hf_and_gives_crop_geometry(hf_processor, tiny_checkpoint, size):
+    """pixel_values as the HF processor's; the panel's box is the center crop in original-image pixels."""
+    from tests.export.conftest import sample_image
+
+    image = sample_image(seed=1, size=size)
+    vision = family_runtime(tiny_checkpoint).prepare_image(image, {})
+    want = hf_processor.image_processor(images=image, return_tensors="np")["pixel_values"]
+    np.testing.assert_array_equal(vision.feeds["pixel_values"], want)
+    assert vision.num_candidates == 144
+    (panel,) = vision.panels
+    assert panel.shape == (12, 12) and panel.cells.tolist() == list(range(144))
+    h, w = size
+    s = min(h, w)  # shortest edge -> 168, then a 168 x 168 center crop: a centred s x s square of the original
+    left, top = (w - s) / 2, (h - s) / 2
+    np.testing.assert_allclose(panel.box, (left, top, left + s, top + s), atol=w / 168 + h / 168)
+
+
+@pytest.mark.parametrize("name", family_names())
+def test_every_registered_family_meets_the_contract(name):
+    """Each adapter has every Family member; its request options are valid Python keywords with a default
+    that validates (the Pipeline falls back to it)."""
+    fam = get_family(name)
+    assert isinstance(fam, Family) and fam.name == name
+    for opt in fam.request_options:
+        assert opt.name.isidentifier() and opt.validate(opt.default) == opt.default
+
+
+def test_crop_box_with_pad_to_square():
+    """do_pad (LLaVA's 'pad' aspect mode): a 200 x 100 image is padded to a 200 x 200 square (50 px above and
+    below), resized to 168 and kept whole, so the grid covers y -50..150 of the original."""
+    from coverpruner.families.llava import crop_box
+    from coverpruner.runtime.preprocess import ImageSettings
+
+    s = ImageSettings(shortest_edge=168, crop_height=168, crop_width=168, do_pad=True)
+    np.testing.assert_allclose(crop_box(200, 100, s), (0, -50, 200, 150))
+    np.testing.assert_allclose(crop_box(100, 200, s), (-50, 0, 150, 200))

@@ -44,13 +44,14 @@ def test_manifest_describes_family_and_model(tiny_export, tiny_checkpoint):
     man = json.loads((tiny_export / "manifest.json").read_text())
     cfg = json.loads((tiny_checkpoint / "config.json").read_text())
     assert (man["format"], man["format_version"], man["family"], man["precision"]) == \
-        ("coverpruner-engine-dir", 1, "llava", "fp32")
+        ("coverpruner-engine-dir", 2, "llava", "fp32")
     dims = man["dims"]
-    assert dims["num_visual_tokens"] == 144 and dims["num_kv_heads"] == 2 and dims["num_heads"] == 4
+    assert man["visual"] == {"max_visual_tokens": 144, "position_rank": 1, "position_mode": "compact"}
+    assert dims["num_kv_heads"] == 2 and dims["num_heads"] == 4
     assert dims["num_layers"] == cfg["text_config"]["num_hidden_layers"]
     assert man["token_ids"]["image_token_id"] == cfg["image_token_index"]
     assert man["chat_template"] == (tiny_checkpoint / "chat_template.jinja").read_text()
-    assert man["defaults"]["position_mode"] == "compact"
+    assert man["options"] == {} and man["axes"] == {} and man["files"] == {}
     assert man["processor"]["crop_size"] == 168 and man["processor"]["resample"] == 3
     for f in man["tokenizer_files"] + man["processor_files"]:
         assert (tiny_export / f).read_bytes() == (tiny_checkpoint / f).read_bytes()

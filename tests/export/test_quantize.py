@@ -105,7 +105,7 @@ def test_qdq_form_is_blocked_dequantize_within_half_a_step(tiny_export, quantize
 
 
 def test_manifest_records_quantization_and_new_hashes(tiny_export, quantized):
-    from coverpruner.runtime.manifest import load_manifest
+    from coverpruner.engine_dir import load_manifest
 
     for (form, dtype), d in quantized.items():
         m = load_manifest(d, verify=True)  # sha256 of the rewritten decoder matches

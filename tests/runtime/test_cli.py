@@ -46,13 +46,21 @@ def test_save_selection_draws_kept_patches(tiny_export, demo_image, tmp_path, ca
                           "12", "--max-new-tokens", "2", "--json", "--save-selection", png)
     assert code == 0, err
     kept = json.loads(out)["kept_indices"]
-    img = np.asarray(Image.open(png).convert("RGB")).astype(float)
-    side = 12  # 144 visual tokens
-    ph = img.shape[0] // side
-    means = np.array([[img[r * ph + 2:(r + 1) * ph - 2, c * ph + 2:(c + 1) * ph - 2].mean() for c in range(side)]
-                      for r in range(side)]).reshape(-1)
-    pruned = np.setdiff1d(np.arange(side * side), kept)
-    assert means[kept].mean() > 2.5 * means[pruned].mean()  # pruned patches dimmed
+    pic = np.asarray(Image.open(png).convert("RGB")).astype(float)
+    orig = np.asarray(Image.open(demo_image).convert("RGB")).astype(float)
+    # Drawn over the original 480x360 image (>= 448 px wide: no rescale). The tiny checkpoint's CLIP steps:
+    # shortest edge 360 -> 168 (x 168/360), width 480 -> 224, center crop 168: 28 resized px = 60 original px
+    # cut on each side. So the 12 x 12 patch grid covers x 60..420, y 0..360 in 30-px cells.
+    assert pic.shape[1:] == orig.shape[1:] and pic.shape[0] > orig.shape[0]  # a caption strip below
+    pic = pic[:orig.shape[0]]
+    ratio = np.array([[pic[r * 30 + 3:(r + 1) * 30 - 3, 60 + c * 30 + 3:60 + (c + 1) * 30 - 3].sum()
+                       / orig[r * 30 + 3:(r + 1) * 30 - 3, 60 + c * 30 + 3:60 + (c + 1) * 30 - 3].sum()
+                       for c in range(12)] for r in range(12)]).reshape(-1)
+    pruned = np.setdiff1d(np.arange(144), kept)
+    np.testing.assert_allclose(ratio[kept], 1.0, atol=0.02)  # kept patches as they are
+    np.testing.assert_allclose(ratio[pruned], 0.25, atol=0.02)  # pruned patches dimmed
+    outside = pic[:, :57].sum() / orig[:, :57].sum()  # left of the crop: the model never saw it
+    assert abs(outside - 0.25) < 0.02
 
 
 @pytest.mark.parametrize("case", ["missing_dir", "missing_manifest", "unknown_version", "sha_mismatch",

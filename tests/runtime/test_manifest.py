@@ -1,17 +1,18 @@
-"""Manifest loading: every bad engine dir gives a one-line ManifestError naming file and field."""
+"""Engine-dir manifest (coverpruner.engine_dir, format 2): every bad dir gives a one-line ManifestError naming
+file and field; version 1 is refused with a re-export message."""
 
 import copy
 import hashlib
 import json
 import os
 
+import numpy as np
 import pytest
 
-from coverpruner.runtime.errors import ManifestError
+from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
+from coverpruner.engine_dir import load_manifest, position_ids_input, read_raw, write_manifest
 from coverpruner.filehash import sha256_file
-from coverpruner.runtime.manifest import load_manifest
-
-GRAPHS = ("vision", "embed", "probe", "selector", "decoder")
+from coverpruner.runtime.errors import ManifestError
 
 
 def _write_dir(root, mutate=None):
@@ -23,12 +24,17 @@ def _write_dir(root, mutate=None):
         graphs[name] = {"file": f"{name}.onnx", "sha256": hashlib.sha256(data).hexdigest(), "data_files": [],
                         "data_sha256": {}, "inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 3]}],
                         "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 3]}]}
-    m = {"format": "coverpruner-engine-dir", "format_version": 1, "family": "llava", "precision": "fp32",
+    (root / "image_newline.npy").write_bytes(b"newline vector")
+    m = {"format": "coverpruner-engine-dir", "format_version": 2, "family": "llava", "precision": "fp32",
          "dims": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "head_dim": 16,
-                  "vocab_size": 1024, "num_visual_tokens": 144, "max_position_embeddings": 1024},
+                  "vocab_size": 1024, "max_position_embeddings": 1024},
+         "visual": {"max_visual_tokens": 144, "position_rank": 1, "position_mode": "compact"},
          "token_ids": {"image_token_id": 1000, "bos_token_id": 1, "eos_token_id": 2},
          "chat_template": "{{ messages }}", "processor": {"crop_size": 168, "shortest_edge": 168},
-         "defaults": {"budget": 64, "tau": 0.3, "method": "coverpruner", "position_mode": "compact"},
+         "defaults": {"budget": 64, "tau": 0.3, "method": "coverpruner"},
+         "options": {"newline_policy": "drop"}, "axes": {"num_tiles": [1, 5, 5]},
+         "files": {"image_newline": {"file": "image_newline.npy",
+                                     "sha256": hashlib.sha256(b"newline vector").hexdigest()}},
          "graphs": graphs}
     if mutate:
         m = copy.deepcopy(m)
@@ -40,7 +46,60 @@ def _write_dir(root, mutate=None):
 def test_valid_dir_loads(tmp_path):
     m = load_manifest(_write_dir(tmp_path / "e"))
     assert m.family == "llava" and m.position_mode == "compact" and m.float_dtype == "float32"
+    assert m.max_visual_tokens == 144 and m.position_rank == 1
+    assert m.options == {"newline_policy": "drop"} and m.axes == {"num_tiles": [1, 5, 5]}
+    assert m.files == {"image_newline": tmp_path / "e" / "image_newline.npy"}
     assert set(m.graphs) == set(GRAPHS) and m.graphs["decoder"].path == tmp_path / "e" / "decoder.onnx"
+
+
+def test_extra_sections_are_kept(tmp_path):
+    """Optional sections written by other tools (quantize, TensorRT builder) survive reading as they are."""
+    d = _write_dir(tmp_path / "e", lambda m: m.update(quantization={"method": "int8-dynamic"}))
+    assert load_manifest(d).raw["quantization"] == {"method": "int8-dynamic"}
+
+
+def test_version_1_is_refused_with_reexport_message(tmp_path):
+    with pytest.raises(ManifestError, match=r"manifest\.json: format_version 1 predates the family contract .*"
+                                            r"re-export the directory with coverpruner-export"):
+        load_manifest(_write_dir(tmp_path / "a", lambda m: m.update(format_version=1)))
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("position_rank", 2, "visual.position_rank is 2, expected one of"),
+    ("position_mode", "shifted", "visual.position_mode is 'shifted'"),
+    ("max_visual_tokens", 0, "visual.max_visual_tokens is 0"),
+])
+def test_bad_visual_fields(tmp_path, field, value, msg):
+    with pytest.raises(ManifestError, match=msg):
+        load_manifest(_write_dir(tmp_path / "a", lambda m: m["visual"].update({field: value})))
+
+
+def test_family_file_is_hash_checked(tmp_path):
+    d = _write_dir(tmp_path / "e")
+    (d / "image_newline.npy").write_bytes(b"changed vector")
+    with pytest.raises(ManifestError, match=r"image_newline\.npy: sha256 mismatch"):
+        load_manifest(d)
+    os.remove(d / "image_newline.npy")
+    with pytest.raises(ManifestError, match=r"file listed in manifest files\.image_newline is missing"):
+        load_manifest(d)
+
+
+def test_write_then_read_round_trip(tmp_path):
+    d = _write_dir(tmp_path / "e")
+    raw = read_raw(d)
+    raw["tensorrt"] = {"engines": {}}
+    write_manifest(d, raw)
+    assert read_raw(d) == raw and not (d / "manifest.json.tmp").exists()
+
+
+def test_position_ids_input_ranks():
+    pos = np.arange(5)[None]
+    assert position_ids_input(pos, 1).shape == (1, 5)
+    m = np.stack([np.arange(5), np.arange(5) + 10, np.arange(5) + 20])
+    out = position_ids_input(m, 3)
+    assert out.shape == (3, 1, 5) and out[2, 0, 4] == 24 and out.dtype == np.int64
+    with pytest.raises(ValueError, match=r"positions must be \[3, S\]"):
+        position_ids_input(pos, 3)
 
 
 def test_missing_directory_and_manifest(tmp_path):
@@ -62,6 +121,8 @@ def test_unknown_version_and_format(tmp_path):
 
 
 def test_missing_fields_are_named(tmp_path):
+    with pytest.raises(ManifestError, match=r"missing field visual\.'max_visual_tokens'"):
+        load_manifest(_write_dir(tmp_path / "v", lambda m: m["visual"].pop("max_visual_tokens")))
     with pytest.raises(ManifestError, match=r"missing field dims\.'hidden_size'"):
         load_manifest(_write_dir(tmp_path / "a", lambda m: m["dims"].pop("hidden_size")))
     with pytest.raises(ManifestError, match=r"missing field graphs\.'probe'"):
@@ -93,7 +154,7 @@ def test_verification_cache_skips_rehash_until_file_changes(tmp_path, monkeypatc
     d = _write_dir(tmp_path / "e")
     load_manifest(d)
     calls = []
-    import coverpruner.runtime.manifest as mod
+    import coverpruner.engine_dir as mod
     monkeypatch.setattr(mod, "sha256_file", lambda p, chunk=1 << 20: calls.append(p.name) or sha256_file(p))
     load_manifest(d)
     assert calls == []  # unchanged files: no re-hash

@@ -33,7 +33,7 @@ def test_seeded_sampling_reproduces(pipe, demo_image):
 def test_every_method_keeps_budget_sorted(pipe, demo_image, method):
     r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, seed=3)
     k = r.kept_indices
-    assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < pipe.num_visual_tokens
+    assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < r.num_visual_tokens == pipe.max_visual_tokens
     assert (r.relevance is not None) == (method == "attention")
     assert r.timings["probe"] > 0 if method == "attention" else r.timings["probe"] == 0
 
@@ -41,13 +41,13 @@ def test_every_method_keeps_budget_sorted(pipe, demo_image, method):
 def test_budget_at_least_n_equals_full(pipe, demo_image):
     full = pipe.generate(demo_image, Q, budget=None, max_new_tokens=8)
     big = pipe.generate(demo_image, Q, budget=10_000, max_new_tokens=8)
-    assert big.token_ids == full.token_ids and len(big.kept_indices) == pipe.num_visual_tokens
+    assert big.token_ids == full.token_ids and len(big.kept_indices) == big.num_visual_tokens == 144
 
 
 def test_generation_stops_at_context_end(engine_copy, demo_image):
     m = json.loads((engine_copy / "manifest.json").read_text())
     p = Pipeline.load(engine_copy)
-    L = p.encoder.encode(Q).input_ids.size
+    L = p.encoder.encode(Q, p.max_visual_tokens).input_ids.size
     m["dims"]["max_position_embeddings"] = L + 3  # the unpruned prompt leaves room for 3 tokens
     (engine_copy / "manifest.json").write_text(json.dumps(m))
     p = Pipeline.load(engine_copy)

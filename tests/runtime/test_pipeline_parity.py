@@ -44,7 +44,7 @@ def test_pruned_equals_hf_reference(pipe, hf, demo_image, kind, prompt, budget, 
     model, processor = hf
     image = _image(kind, demo_image)
     got = pipe.generate(image, prompt, budget=budget, method=method, max_new_tokens=NEW)
-    enc = pipe.encoder.encode(prompt)
+    enc = pipe.encoder.encode(prompt, pipe.max_visual_tokens)  # LLaVA-1.5: the image span is n rows
     want, keep, relevance = ref.pruned_generate(model, processor, image, prompt, budget, method, NEW,
                                                 instr_pos=enc.instruction_positions)
     assert got.kept_indices.tolist() == keep.tolist()

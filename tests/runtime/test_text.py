@@ -1,5 +1,7 @@
 """Chat template + tokenization == the HF LlavaProcessor; instruction positions from offsets."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -25,9 +27,23 @@ def hf_processor(tmp_path_factory):
 
 
 def _encoder(root, proc, n):
-    tok = proc.tokenizer
-    return PromptEncoder(root / "tokenizer.json", LLAVA_HF_CHAT_TEMPLATE, tok.convert_tokens_to_ids("<image>"), n,
-                         get_family("llava"))
+    """The runtime's encoder with the llava family's run-time rules bound to a minimal manifest."""
+    image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
+    manifest = SimpleNamespace(processor={"crop_size": 56, "shortest_edge": 56}, chat_template=LLAVA_HF_CHAT_TEMPLATE,
+                               token_ids={"image_token_id": image_id}, max_visual_tokens=n, float_dtype="float32",
+                               dims={"image_size": 56, "patch_size": 14})
+    return _Encoder(PromptEncoder(root / "tokenizer.json", image_id, get_family("llava").runtime(manifest)), n)
+
+
+class _Encoder:
+    """encode(prompt) with the image span fixed at n rows (LLaVA-1.5: n is the checkpoint's)."""
+
+    def __init__(self, inner, n):
+        self.inner, self.n = inner, n
+        self.tokenizer, self.decode = inner.tokenizer, inner.decode
+
+    def encode(self, prompt):
+        return self.inner.encode(prompt, self.n)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -74,7 +90,7 @@ def test_stream_decoder_pieces_join_to_full_text(hf_processor):
     proc, root = hf_processor
     enc = _encoder(root, proc, 16)
     ids = enc.tokenizer.encode("Red house near the tall tree, ünïcode ✓ 2025!", add_special_tokens=False).ids
-    sd = StreamDecoder(enc)
+    sd = StreamDecoder(enc.inner)
     pieces = [sd.push(i) for i in ids] + [sd.flush()]
     assert "".join(pieces) == enc.decode(ids) == proc.tokenizer.decode(ids, skip_special_tokens=True)
     assert sum(1 for p in pieces if p) > 3  # really incremental

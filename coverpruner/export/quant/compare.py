@@ -20,14 +20,15 @@ def teacher_forced_logits(decoder: Path, embeds: np.ndarray, num_layers: int, nu
     """
     import onnxruntime as ort
 
+    from coverpruner.engine_dir import past_names
+
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     sess = ort.InferenceSession(str(decoder), so, providers=["CPUExecutionProvider"])
     out_names = [o.name for o in sess.get_outputs()]
     rows = []
     for seq in embeds:
-        past = {f"past_key_values.{i}.{kv}": np.zeros((1, num_kv_heads, 0, head_dim), embeds.dtype)
-                for i in range(num_layers) for kv in ("key", "value")}
+        past = {name: np.zeros((1, num_kv_heads, 0, head_dim), embeds.dtype) for name in past_names(num_layers)}
         logits, start = [], 0
         for stop in [prefill, *range(prefill + 1, len(seq) + 1)]:
             feeds = {"inputs_embeds": seq[None, start:stop], "attention_mask": np.ones((1, stop), np.int64),

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import onnx
 
-from coverpruner.export.manifest import MANIFEST, graph_entry, read_manifest, write_manifest
+from coverpruner.engine_dir import MANIFEST, read_raw, write_manifest
+from coverpruner.errors import ManifestError
+from coverpruner.export.manifest import graph_entry
 from coverpruner.export.onnx_io import MAX_IR_VERSION, SavedGraph, check, data_file_name
 
 DTYPES = {"int4": 4, "int8": 8}
@@ -200,9 +202,10 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
 
     opts.validate()
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest is None:
-        raise QuantizeError(f"{directory / MANIFEST}: no engine-dir manifest (run coverpruner-export first)")
+    try:
+        manifest = read_raw(directory)
+    except ManifestError as exc:
+        raise QuantizeError(str(exc)) from None
     if manifest.get("quantization"):
         q = manifest["quantization"]
         raise QuantizeError(f"{directory / MANIFEST}: already quantized ({q.get('dtype')}, {q.get('format')} form, "

@@ -1,0 +1,350 @@
+"""The engine dir's format, owned here and nowhere else (docs/engine-dir.md, format version 2).
+
+Export writes it, the engine builder extends it (the "tensorrt" section), the runtime and the TensorRT
+sessions read it; all of them go through this module: format constants, graph names, the tensor names
+every family shares (embed, probe, selector, decoder and its KV cache), reading, validating, verifying
+hashes and writing. The vision graph's inputs and outputs are family-defined and recorded under
+``graphs.vision``. Torch-free and onnxruntime-free (the runtime and the engines import it).
+
+Version 1 directories (written before the family contract) are refused with one line saying to re-export:
+they lack the per-family fields (visual-token bound, position rank, family option defaults, axes) that
+every reader now relies on, and guessing them would be a silent wrong answer for any family but LLaVA-1.5.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coverpruner.errors import ManifestError
+from coverpruner.filehash import sha256_file
+
+FORMAT = "coverpruner-engine-dir"
+FORMAT_VERSION = 2
+SUPPORTED_VERSIONS = (2,)
+MANIFEST = "manifest.json"
+VERIFY_CACHE = ".coverpruner-verified.json"
+
+#: Every graph an engine dir may hold, in export order.
+GRAPH_NAMES = ("vision", "embed", "probe", "selector", "decoder")
+#: Graphs the pipeline cannot run without (selector.onnx is optional: the numpy selector always works).
+REQUIRED_GRAPHS = ("vision", "embed", "probe", "decoder")
+
+# Tensor names shared by every family (the vision graph's are the family's own).
+EMBED_INPUTS = ("input_ids",)
+EMBED_OUTPUTS = ("inputs_embeds",)
+PROBE_INPUTS = ("inputs_embeds", "position_ids", "visual_positions", "instruction_positions")
+PROBE_OUTPUTS = ("relevance",)
+SELECTOR_INPUTS = ("image_features", "relevance", "budget", "tau")
+SELECTOR_OUTPUTS = ("keep",)
+DECODER_INPUTS = ("inputs_embeds", "attention_mask", "position_ids")
+LOGITS = "logits"
+
+PRECISIONS = {"fp32": "float32", "fp16": "float16"}
+POSITION_RANKS = (1, 3)
+POSITION_MODES = ("compact", "native")
+
+_REQUIRED_TOP = ("format", "format_version", "family", "precision", "dims", "visual", "token_ids",
+                 "chat_template", "processor", "defaults", "graphs")
+_REQUIRED_DIMS = ("hidden_size", "num_layers", "num_kv_heads", "head_dim", "vocab_size", "max_position_embeddings")
+_REQUIRED_VISUAL = ("max_visual_tokens", "position_rank", "position_mode")
+_REQUIRED_TOKEN_IDS = ("image_token_id", "eos_token_id")
+_REQUIRED_GRAPH = ("file", "sha256", "inputs", "outputs")
+
+
+def past_names(num_layers: int) -> list[str]:
+    """Decoder cache inputs, flat: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ..."""
+    return [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def present_names(num_layers: int) -> list[str]:
+    """Decoder cache outputs, flat: present.0.key, present.0.value, ..."""
+    return [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def position_ids_input(positions: np.ndarray, rank: int) -> np.ndarray:
+    """Positions int64 [R, S] of one request -> the probe/decoder `position_ids` input.
+
+    rank 1 -> [1, S] (batch-first, as HF Llama); rank 3 -> [3, 1, S] (M-RoPE t/h/w rows, as HF Qwen2.5-VL).
+    """
+    positions = np.asarray(positions, dtype=np.int64)
+    if positions.ndim != 2 or positions.shape[0] != rank:
+        raise ValueError(f"positions must be [{rank}, S], got {list(positions.shape)}")
+    return np.ascontiguousarray(positions if rank == 1 else positions[:, None, :])
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input/output: name, dtype string ('float32', 'int64', ...), shape (int or str axes)."""
+
+    name: str
+    dtype: str
+    shape: tuple
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One graph of the engine dir with its absolute path and I/O contract."""
+
+    name: str
+    path: Path
+    sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    data_files: tuple[Path, ...] = ()
+    data_sha256: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed manifest.json of one engine dir. ``raw`` keeps every field as written (extra optional
+    sections such as "tensorrt" or "quantization" included)."""
+
+    root: Path
+    raw: dict
+    family: str
+    precision: str
+    dims: dict
+    visual: dict
+    token_ids: dict
+    chat_template: str
+    processor: dict
+    defaults: dict
+    graphs: dict  # name -> GraphSpec
+    options: dict  # family request-option defaults, e.g. {"newline_policy": "drop"}
+    axes: dict  # symbolic axis -> [min, opt, max] the family declared (vision axes, ...)
+    files: dict  # family file key -> absolute Path (hash-checked like the graphs)
+
+    @property
+    def float_dtype(self) -> str:
+        """numpy dtype name of the float tensors ('float32' for fp32, 'float16' for fp16)."""
+        return PRECISIONS[self.precision]
+
+    @property
+    def max_visual_tokens(self) -> int:
+        """Upper bound on the candidates n of one image (n itself is per request)."""
+        return int(self.visual["max_visual_tokens"])
+
+    @property
+    def position_rank(self) -> int:
+        """R: 1 (position_ids [B, S]) or 3 (M-RoPE position_ids [3, B, S])."""
+        return int(self.visual["position_rank"])
+
+    @property
+    def position_mode(self) -> str:
+        """'compact' (positions re-packed after pruning) or 'native' (kept tokens keep theirs). Informative:
+        the family's position scheme is what the runtime runs."""
+        return self.visual["position_mode"]
+
+
+def _fail(root: Path, msg: str) -> ManifestError:
+    return ManifestError(f"{Path(root) / MANIFEST}: {msg}")
+
+
+def _require(root: Path, obj, keys, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise _fail(root, f"field {where!r} must be an object, got {type(obj).__name__}")
+    for key in keys:
+        if key not in obj:
+            prefix = f"{where}." if where else ""
+            raise _fail(root, f"missing field {prefix}{key!r}")
+
+
+def read_raw(path: str | os.PathLike) -> dict:
+    """The manifest dict of engine dir ``path`` after the format/version check (nothing else validated).
+
+    Raises ManifestError (one line naming the file) for a missing dir or manifest, bad JSON, a foreign
+    format, a version-1 directory (re-export) or an unknown version.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise ManifestError(f"engine directory not found: {root}")
+    if not root.is_dir():
+        raise ManifestError(f"not a directory: {root} (expected an engine dir written by coverpruner-export)")
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise ManifestError(f"{mpath}: manifest.json not found; is {root} an engine dir written by coverpruner-export?")
+    try:
+        raw = json.loads(mpath.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(root, f"not valid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise _fail(root, f"top level must be a JSON object, got {type(raw).__name__}")
+    _require(root, raw, ("format", "format_version"), "")
+    if raw["format"] != FORMAT:
+        raise _fail(root, f"field 'format' is {raw['format']!r}, expected {FORMAT!r}")
+    if raw["format_version"] == 1:
+        raise _fail(root, "format_version 1 predates the family contract (format 2); re-export the directory "
+                          "with coverpruner-export")
+    if raw["format_version"] not in SUPPORTED_VERSIONS:
+        raise _fail(root, f"unknown format_version {raw['format_version']!r}; this coverpruner reads "
+                          f"{list(SUPPORTED_VERSIONS)} (re-export, or upgrade coverpruner)")
+    return raw
+
+
+def read_if_present(path: str | os.PathLike) -> dict | None:
+    """The manifest dict in ``path`` when it holds a readable current-version one, else None (for
+    partial re-exports, which keep the previous manifest's other graphs)."""
+    try:
+        return read_raw(path)
+    except ManifestError:
+        return None
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict) -> Path:
+    """Write ``manifest`` as DIR/manifest.json atomically (a temp file renamed over it: never half-written)."""
+    root = Path(path)
+    out, tmp = root / MANIFEST, root / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def _tensor_specs(root: Path, gname: str, kind: str, items) -> tuple[TensorSpec, ...]:
+    if not isinstance(items, list):
+        raise _fail(root, f"field graphs.{gname}.{kind} must be a list, got {type(items).__name__}")
+    specs = []
+    for i, item in enumerate(items):
+        _require(root, item, ("name", "dtype", "shape"), f"graphs.{gname}.{kind}[{i}]")
+        specs.append(TensorSpec(item["name"], item["dtype"], tuple(item["shape"])))
+    return tuple(specs)
+
+
+def parse_manifest(root: Path, raw: dict) -> Manifest:
+    """Validate a version-2 manifest dict (as read_raw returns it) into a Manifest; ManifestError names the
+    first bad field."""
+    root = Path(root)
+    _require(root, raw, _REQUIRED_TOP, "")
+    _require(root, raw["dims"], _REQUIRED_DIMS, "dims")
+    _require(root, raw["visual"], _REQUIRED_VISUAL, "visual")
+    _require(root, raw["token_ids"], _REQUIRED_TOKEN_IDS, "token_ids")
+    if raw["precision"] not in PRECISIONS:
+        raise _fail(root, f"field 'precision' is {raw['precision']!r}, expected one of {list(PRECISIONS)}")
+    if not isinstance(raw["chat_template"], str) or not raw["chat_template"]:
+        raise _fail(root, "field 'chat_template' must be a non-empty string")
+    visual = raw["visual"]
+    if visual["position_rank"] not in POSITION_RANKS:
+        raise _fail(root, f"field visual.position_rank is {visual['position_rank']!r}, expected one of "
+                          f"{list(POSITION_RANKS)}")
+    if visual["position_mode"] not in POSITION_MODES:
+        raise _fail(root, f"field visual.position_mode is {visual['position_mode']!r}, expected one of "
+                          f"{list(POSITION_MODES)}")
+    if not isinstance(visual["max_visual_tokens"], int) or visual["max_visual_tokens"] < 1:
+        raise _fail(root, f"field visual.max_visual_tokens is {visual['max_visual_tokens']!r}, expected a "
+                          "positive integer")
+    for key in ("options", "axes", "files"):
+        if not isinstance(raw.get(key, {}), dict):
+            raise _fail(root, f"field {key!r} must be an object, got {type(raw[key]).__name__}")
+    graphs_raw = raw["graphs"]
+    _require(root, graphs_raw, REQUIRED_GRAPHS, "graphs")
+    graphs = {}
+    for name, g in graphs_raw.items():
+        _require(root, g, _REQUIRED_GRAPH, f"graphs.{name}")
+        graphs[name] = GraphSpec(
+            name=name, path=root / g["file"], sha256=g["sha256"],
+            inputs=_tensor_specs(root, name, "inputs", g["inputs"]),
+            outputs=_tensor_specs(root, name, "outputs", g["outputs"]),
+            data_files=tuple(root / f for f in g.get("data_files", [])),
+            data_sha256=dict(g.get("data_sha256", {})),
+        )
+    files = {}
+    for key, rec in raw.get("files", {}).items():
+        _require(root, rec, ("file", "sha256"), f"files.{key}")
+        files[key] = root / rec["file"]
+    return Manifest(
+        root=root, raw=raw, family=raw["family"], precision=raw["precision"], dims=dict(raw["dims"]),
+        visual=dict(visual), token_ids=dict(raw["token_ids"]), chat_template=raw["chat_template"],
+        processor=dict(raw["processor"]), defaults=dict(raw["defaults"]), graphs=graphs,
+        options=dict(raw.get("options", {})), axes=dict(raw.get("axes", {})), files=files,
+    )
+
+
+def _stat_key(path: Path) -> list:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _load_verify_cache(root: Path) -> dict:
+    try:
+        return json.loads((root / VERIFY_CACHE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_verify_cache(root: Path, cache: dict) -> None:
+    try:  # a read-only directory just means we hash again next time
+        (root / VERIFY_CACHE).write_text(json.dumps(cache, indent=0, sort_keys=True))
+    except OSError:
+        pass
+
+
+def _hashed_files(manifest: Manifest, names) -> list[tuple[str, Path, str | None]]:
+    """(where, path, expected sha256) for the graphs `names` (their external data included) and the
+    family files."""
+    out = []
+    for name in names:
+        g = manifest.graphs[name]
+        out.append((f"graphs.{name}", g.path, g.sha256))
+        out += [(f"graphs.{name}", p, g.data_sha256.get(p.name)) for p in g.data_files]
+    for key, path in manifest.files.items():
+        out.append((f"files.{key}", path, manifest.raw["files"][key]["sha256"]))
+    return out
+
+
+def verify_files(manifest: Manifest, names=None, use_cache: bool = True) -> None:
+    """Check each graph file (and its external-data files) and each family file against the manifest's sha256.
+
+    A verified (size, mtime_ns) pair is remembered in ``.coverpruner-verified.json`` so a second load of an
+    unchanged directory skips re-hashing multi-GiB files; any change to size or mtime forces a fresh hash.
+    Raises ManifestError naming the file, the expected and the actual hash on a mismatch, or the missing
+    file. ``names`` restricts the graph check to some graphs (default: all listed).
+    """
+    root = manifest.root
+    cache = _load_verify_cache(root) if use_cache else {}
+    changed = False
+    for where, path, expected in _hashed_files(manifest, names or manifest.graphs):
+        if not path.is_file():
+            raise ManifestError(f"{path}: file listed in manifest {where} is missing")
+        if expected is None:
+            raise _fail(root, f"{where}.data_sha256 has no hash for {path.name!r}")
+        key = f"{path.name}:{expected}"
+        stat = _stat_key(path)
+        if cache.get(key) == stat:
+            continue
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ManifestError(
+                f"{path}: sha256 mismatch (manifest expects {expected[:16]}..., file has {actual[:16]}...); "
+                "the file changed after export; re-export the directory")
+        cache[key] = stat
+        changed = True
+    if use_cache and changed:
+        _save_verify_cache(root, cache)
+
+
+def load_manifest(path: str | os.PathLike, verify: bool = True) -> Manifest:
+    """Read ``path``/manifest.json, validate its fields and (``verify``) the file hashes."""
+    root = Path(path)
+    manifest = parse_manifest(root, read_raw(root))
+    if verify:
+        verify_files(manifest)
+    return manifest
+
+
+def graph_spec(manifest: Manifest, name: str) -> GraphSpec:
+    """The GraphSpec of ``name``; ManifestError if the manifest does not list it."""
+    if name not in manifest.graphs:
+        raise _fail(manifest.root, f"graph {name!r} is not listed under 'graphs' (have {sorted(manifest.graphs)})")
+    return manifest.graphs[name]
+
+
+def describe(manifest: Manifest) -> dict[str, Any]:
+    """A short summary dict (family, precision, dims, visual) for logs and --json output."""
+    return {"family": manifest.family, "precision": manifest.precision,
+            "quantization": manifest.raw.get("quantization"),
+            "source_model": manifest.raw.get("source_model"), "dims": manifest.dims, "visual": manifest.visual}

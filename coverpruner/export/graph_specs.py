@@ -1,0 +1,77 @@
+"""Example inputs, tensor names and dynamic axes of the graphs every family shares (embed, probe, decoder).
+
+A family's `export_specs` calls `text_graph_specs` for these three and adds its own vision graph. The only
+family-dependent parts are the torch modules it hands over (embedding table, layer-0 probe parts, decoder
+stack, lm_head) and the position rank R: position_ids are [B, S] for R = 1 and [R, B, S] for R = 3 (M-RoPE).
+Example sizes are >= 2 on every dynamic axis so torch.export does not specialise them to 0/1. Import
+requires torch.
+"""
+
+from __future__ import annotations
+
+from coverpruner.engine_dir import (
+    DECODER_INPUTS,
+    EMBED_INPUTS,
+    EMBED_OUTPUTS,
+    LOGITS,
+    PROBE_INPUTS,
+    PROBE_OUTPUTS,
+    past_names,
+    present_names,
+)
+from coverpruner.families.contract import ExportSpec
+
+
+def example_positions(rank: int, batch: int, start: int, length: int):
+    """int64 position_ids example: [B, S] (rank 1) or [R, B, S] (rank > 1), values start..start+length-1."""
+    import torch
+
+    pos = torch.arange(start, start + length)[None].expand(batch, length)
+    return (pos if rank == 1 else pos[None].expand(rank, batch, length)).contiguous()
+
+
+def position_axes(rank: int, batch, seq) -> dict:
+    """Dynamic axes of position_ids: {0: batch, 1: seq} for [B, S]; {1: batch, 2: seq} for [R, B, S]."""
+    axes = {0: batch, 1: seq} if rank == 1 else {1: batch, 2: seq}
+    return {k: v for k, v in axes.items() if v is not None}
+
+
+def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16) -> dict[str, ExportSpec]:
+    """ExportSpec of embed, probe and decoder for ``model`` (family adapter ``family``).
+
+    dims: the manifest dims (hidden_size, num_layers, num_kv_heads, head_dim, vocab_size). dtype: torch float
+    dtype of the graphs. rank: position rank R. num_visual: example visual-column count of the probe.
+    """
+    import torch
+    from torch.export import Dim
+
+    from coverpruner.export.modules import DecoderGraph, EmbedGraph, ProbeGraph
+
+    d = dims["hidden_size"]
+    batch, seq = Dim("batch"), Dim("seq")
+    specs = {}
+
+    ids = torch.randint(0, dims["vocab_size"], (2, 7))
+    specs["embed"] = ExportSpec(EmbedGraph(family.embed_tokens(model)).eval(), (ids,), list(EMBED_INPUTS),
+                                list(EMBED_OUTPUTS), ({0: batch, 1: seq},))
+
+    n, t = num_visual, 5
+    length = n + 12
+    args = (torch.randn(1, length, d, dtype=dtype), example_positions(rank, 1, 0, length), torch.arange(3, 3 + n),
+            torch.arange(length - t - 2, length - 2))
+    shapes = ({1: seq}, position_axes(rank, None, seq), {0: Dim("num_visual")}, {0: Dim("num_instruction")})
+    specs["probe"] = ExportSpec(ProbeGraph(family.probe_parts(model)).eval(), args, list(PROBE_INPUTS),
+                                list(PROBE_OUTPUTS), shapes)
+
+    layers, hkv, hd = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"]
+    b, s, p = 2, 3, 4
+    past = tuple(torch.randn(b, hkv, p, hd, dtype=dtype) for _ in range(2 * layers))
+    args = (torch.randn(b, s, d, dtype=dtype), torch.ones(b, p + s, dtype=torch.long),
+            example_positions(rank, b, p, s), past)
+    past_dim = Dim("past_sequence", min=0)
+    shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, position_axes(rank, batch, seq),
+              tuple({0: batch, 2: past_dim} for _ in past))
+    module = DecoderGraph(family.language_model(model), family.lm_head(model)).eval()
+    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers)],
+                                  [LOGITS, *present_names(layers)], shapes)
+    return specs

@@ -1,0 +1,204 @@
+"""The family contract (v2): what export, engines and runtime ask a model family, typed.
+
+A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one module with a class satisfying `Family`; its
+`runtime(manifest)` returns a `FamilyRuntime` bound to one engine dir. Nothing outside families/ tests
+which family it runs. One request, as the runtime drives it (shapes for batch 1):
+
+    image  --prepare_image-->  VisionInputs: feeds for vision.onnx, n, picture geometry, private facts
+    vision.onnx outputs  --image_span-->  ImageSpan: rows [S, d] of the image span, candidates [n] among them
+    prompt  --layout(S)-->  NativeLayout: input_ids [L], visual_positions [S], instruction_positions [T]
+    native_positions  -> int64 [R, L]                      (R = position_rank: 1, or 3 for M-RoPE)
+    probe over the native sequence, at visual_positions[candidates]  -> relevance [n]
+    selector(V = rows[candidates], relevance)  -> keep [m] (indices into the candidates)
+    kept rows = candidates[keep] U always_kept  (all S rows for budget "full")
+    pruned sequence = text tokens + kept rows in native order; pruned_positions -> int64 [R, L']
+    decode: the t-th generated token sits at decode_position(t) -> int64 [R]
+
+Family modules import torch/transformers only inside export-time methods: the runtime imports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestOption:
+    """A per-request option a family offers (e.g. LLaVA-NeXT's newline_policy).
+
+    It reaches the family as ``options[name]`` in every FamilyRuntime call: from ``Pipeline.generate(...,
+    name=value)`` / ``stream``, from ``coverpruner-run --<name with dashes> VALUE``, else from the manifest's
+    ``options`` block (the default chosen at export), else ``default``.
+    choices: allowed values (None: any value ``parse`` accepts). parse: CLI string or Python value -> value,
+    raising ValueError with a one-line reason. metavar/help: for the CLI.
+    """
+
+    name: str
+    help: str
+    default: Any = None
+    choices: tuple | None = None
+    parse: Callable[[Any], Any] | None = None
+    metavar: str | None = None
+
+    def validate(self, value):
+        """The option's value after ``parse``; ValueError (one line) when it is not allowed."""
+        if value is None:
+            return None
+        if self.parse is not None:
+            value = self.parse(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {list(self.choices)}, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class GridPanel:
+    """One grid of visual tokens laid over the original image, for the selection picture.
+
+    title: panel caption. shape: (rows, cols) of the grid. box: (left, top, right, bottom) the grid covers,
+    in original-image pixel coordinates (may extend past the image where the model saw padding).
+    cells: int64 [rows*cols], row-major: the candidate index each cell shows, -1 where the cell is no
+    candidate (padding, or a row that is not a candidate).
+    """
+
+    title: str
+    shape: tuple[int, int]
+    box: tuple[float, float, float, float]
+    cells: np.ndarray
+
+
+@dataclass(frozen=True)
+class VisionInputs:
+    """One image, prepared for the vision graph.
+
+    feeds: vision.onnx inputs by name (the family's names, dtypes and shapes: e.g. pixel_values float32
+    [1, 3, H, W] for LLaVA-1.5, [tiles, 3, H, W] for LLaVA-NeXT; cast to the graph's float dtype by the
+    family). num_candidates: n, the selection candidates of this image (per request).
+    panels: geometry for the selection picture. facts: family-private per-request facts (original size,
+    tile grid, grid_thw, ...) that image_span / native_positions read back.
+    """
+
+    feeds: dict[str, np.ndarray]
+    num_candidates: int
+    panels: tuple[GridPanel, ...] = ()
+    facts: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageSpan:
+    """The rows the image contributes to the native sequence.
+
+    rows: float [S, d] (graph float dtype), in native order (LLaVA-NeXT: base image, then the unpadded grid
+    with an image_newline row after each grid row). candidates: int64 [n], ascending indices into rows of
+    the selection candidates (V = rows[candidates]). always_kept: int64 [k], ascending indices into rows kept
+    whatever the selection (LLaVA-NeXT newline_policy 'keep': the newline rows); empty otherwise.
+    """
+
+    rows: np.ndarray
+    candidates: np.ndarray
+    always_kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    @property
+    def features(self) -> np.ndarray:
+        """V: float [n, d], the candidate rows."""
+        return self.rows[self.candidates]
+
+
+@dataclass(frozen=True)
+class NativeLayout:
+    """The un-pruned input sequence of one request (batch 1).
+
+    input_ids: int64 [L] (image placeholders expanded to S image-token ids); visual_positions: int64 [S]
+    (sequence indices of the image-span rows, ascending); instruction_positions: int64 [T] (sequence
+    indices of the tokens overlapping the user's prompt text); text: the rendered prompt.
+    """
+
+    input_ids: np.ndarray
+    visual_positions: np.ndarray
+    instruction_positions: np.ndarray
+    text: str = ""
+
+
+@dataclass
+class ExportSpec:
+    """How to export one graph: the torch module, example inputs, tensor names and dynamic axes.
+
+    args: example positional inputs (sizes >= 2 on every dynamic axis so torch.export keeps them symbolic).
+    dynamic_shapes: one entry per arg, {axis: torch.export.Dim} (nested for tuple args), as torch.export
+    takes them. The axis names become the symbolic axes of the manifest's graph specs.
+    """
+
+    module: Any
+    args: tuple
+    input_names: list[str]
+    output_names: list[str]
+    dynamic_shapes: tuple
+
+
+@runtime_checkable
+class FamilyRuntime(Protocol):
+    """A family's run-time rules for one engine dir (numpy only; no torch, no transformers).
+
+    ``options`` is the dict of the family's request options, resolved (defaults filled in, validated).
+    """
+
+    #: R: 1 -> position_ids [B, S]; 3 -> position_ids [3, B, S] (M-RoPE t/h/w)
+    position_rank: int
+
+    def prepare_image(self, image, options: dict) -> VisionInputs:
+        """Image (path, PIL image or uint8 array) -> vision inputs. ImageError / ValueError (one line) for
+        images the family cannot take."""
+
+    def image_span(self, outputs: dict[str, np.ndarray], vision: VisionInputs, options: dict) -> ImageSpan:
+        """The vision graph's outputs (by name, batch axis included) -> the image span of the sequence."""
+
+    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
+        """Chat template + tokenization of one user turn [image, prompt] with the image placeholder expanded
+        to ``num_image_rows`` (S) tokens. tokenizer: a `tokenizers.Tokenizer`. ValueError (one line) when
+        the prompt cannot be laid out (empty, contains the image token, ...)."""
+
+    def native_positions(self, layout: NativeLayout, vision: VisionInputs) -> np.ndarray:
+        """int64 [R, L]: the positions the model itself gives the full sequence."""
+
+    def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """native int64 [R, L], rows int64 [L'] (ascending sequence indices kept) -> int64 [R, L'] positions of
+        the pruned sequence (LLaVA: compact 0..L'-1; Qwen2.5-VL: native[:, rows])."""
+
+    def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
+        """int64 [R]: position of the ``step``-th generated token (step 0 = the token prefill produced), given
+        the native [R, L] and pruned [R, L'] positions. LLaVA: L' + step; Qwen2.5-VL: max(native) + 1 + step."""
+
+
+@runtime_checkable
+class Family(Protocol):
+    """A model family adapter (one per module in families/, registered in families/__init__.py)."""
+
+    name: str  # manifest "family"
+    model_types: tuple[str, ...]  # HF config.model_type values it handles
+    aliases: dict[str, str]  # short name -> HF repo id
+    support_files: tuple[str, ...]  # checkpoint files copied into the engine dir (tokenizer, processor, ...)
+    request_options: tuple[RequestOption, ...]
+
+    # -- run time (torch-free) -----------------------------------------------------------------
+    def runtime(self, manifest) -> FamilyRuntime:
+        """The run-time rules bound to one engine dir (coverpruner.engine_dir.Manifest). ValueError (one line)
+        when the manifest lacks what the family needs."""
+
+    # -- export time (torch, imported lazily) ----------------------------------------------------
+    def load_model(self, model_dir, dtype: str = "float32"):
+        """The HF model in eval mode, eager attention, loaded straight into ``dtype`` ('float32'|'float16')."""
+
+    def manifest_fields(self, config, model_dir) -> dict:
+        """The family's part of manifest.json: dims, visual {max_visual_tokens, position_rank, position_mode},
+        token_ids, chat_template, layout, processor, options (request-option defaults), axes ({symbolic axis:
+        [min, opt, max]} for TensorRT profiles of family-defined axes)."""
+
+    def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
+        """ExportSpec for each of vision, embed, probe, decoder (torch dtype ``dtype``)."""
+
+    def write_files(self, model, out_dir) -> dict[str, str]:
+        """Extra arrays the runtime needs (e.g. LLaVA-NeXT's image_newline vector): writes them into out_dir
+        and returns {key: file name}; the exporter hashes them into the manifest's ``files``."""
