@@ -152,6 +152,9 @@ def _quantize_model(model: onnx.ModelProto, graph: str, opts: QuantOptions,
         from onnxruntime.quantization import QuantFormat
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+        from coverpruner.export.quant.ort_nbits import quiet_quantizer_log
+
+        quiet_quantizer_log()
         q = MatMulNBitsQuantizer(model, bits=4, block_size=opts.block_size, is_symmetric=False,
                                  quant_format=QuantFormat.QOperator, op_types_to_quantize=("Gather",),
                                  quant_axes=(("Gather", 1),))

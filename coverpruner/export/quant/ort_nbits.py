@@ -11,6 +11,12 @@ import logging
 import onnx
 
 
+def quiet_quantizer_log() -> None:
+    """ORT's quantizer warns that raising the opset to 21 'may not be a valid model'; the pass runs onnx.checker
+    on every graph it writes instead, so only errors are shown."""
+    logging.getLogger("onnxruntime.quantization").setLevel(logging.ERROR)
+
+
 def quantize_graph_nbits(model: onnx.ModelProto, targets: set[str], bits: int, block_size: int,
                          accuracy_level: int | None) -> onnx.ModelProto:
     """The quantized model (ORT's quantizer rewrites a copy's graph); MatMuls not in `targets` stay float.
@@ -22,7 +28,7 @@ def quantize_graph_nbits(model: onnx.ModelProto, targets: set[str], bits: int, b
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     others = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.name not in targets]
-    logging.getLogger("onnxruntime.quantization").setLevel(logging.WARNING)
+    quiet_quantizer_log()
     quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=False,
                                      accuracy_level=accuracy_level, nodes_to_exclude=others,
                                      quant_format=QuantFormat.QOperator, op_types_to_quantize=("MatMul",))
