@@ -286,3 +286,22 @@ def test_embedding_table_quantizes_in_the_ort_form_and_runs(tiny_export, tmp_pat
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 0.15  # measured 0.081 (asym int4, block 32): 2x room
     out = Pipeline.load(d, provider="cpu", threads=1).generate(sample_image(2), PROMPT, budget=16, max_new_tokens=2)
     assert len(out.kept_indices) == 16 and out.token_ids
+
+
+@pytest.mark.tensorrt
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["int4", "int8"])
+def test_tensorrt_rtx_builds_the_fp16_qdq_decoder(tiny_checkpoint, tmp_path, dtype):
+    """The Orin deployment's form: fp16 activations and scales, int4/int8 weights, built by TensorRT-RTX."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX python bindings (tensorrt-rtx-cu13) not installed")
+    from coverpruner.engines.tensorrt import BuildOptions, build_engine_dir, load_tensorrt
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    d = tmp_path / "engine"
+    export_model(tiny_checkpoint, d, "tiny", ExportOptions(dtype="fp16", graphs=("decoder",), progress=False))
+    quantize_engine_dir(d, QuantOptions(dtype=dtype, form="qdq"))
+    model = onnx.load(str(d / "decoder.onnx"))
+    scales = {n.input[1] for n in model.graph.node if n.op_type == "DequantizeLinear"}
+    assert scales and all(t.data_type == onnx.TensorProto.FLOAT16 for t in model.graph.initializer if t.name in scales)
+    section = build_engine_dir(d, BuildOptions(graphs=("decoder",), max_context=256), load_tensorrt("tensorrt_rtx"))
+    assert (d / section["engines"]["decoder"]["file"]).stat().st_size > 0
