@@ -51,8 +51,13 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
+#: the parent's measurement flags, forwarded to every child (set in main)
+CHILD_FLAGS: list[str] = []
+
+
 def _run_child(*argv: str) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True, cwd=ROOT,
+    proc = subprocess.run([sys.executable, __file__, *CHILD_FLAGS, "--child", *argv], capture_output=True, text=True,
+                          cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise SystemExit(f"child {argv} failed:\n{proc.stderr[-3000:]}")
@@ -344,6 +349,9 @@ def main() -> None:
         print(json.dumps(fn(*rest)))
         return
 
+    CHILD_FLAGS[:] = ["--threads", str(args.threads), "--repeats", str(args.repeats), "--decode-steps",
+                      str(args.decode_steps), "--sequences", str(args.sequences), "--length", str(args.length),
+                      "--probe-cases", str(args.probe_cases)]
     work = args.work
     ckpt = work / "ckpt"
     if not (ckpt / "config.json").is_file():
