@@ -1,18 +1,26 @@
-"""End-to-end Pipeline latency on the shape-real LLaVA-1.5-7B preset (random weights, few decoder layers).
+"""End-to-end Pipeline latency on a shape-real 7B preset (random weights, few decoder layers).
 
-For budgets full/128/64/32 (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
+Presets: llava-1.5-7b (576 visual tokens; budgets full/128/64/32; checks at 64) and llava-next-7b (a 672x672
+image: 2x2 grid + base = 2,880 candidates + 48 newline rows; budgets full/640/320/160; checks at 320) and
+qwen2.5-vl-7b (1008x1008 image = 1,296 visual tokens; budgets full/512/256/128, checks at 128, 28 real layers;
+4 vision blocks).
+For each budget (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
 fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
-select, prefill and per-token decode. Checks, all from the same run:
-  (a) decoder prefill speed-up at budget 64 over full >= 0.9 x the ideal (576+T)/(64+T), T = text tokens;
-  (b) probe + select at budget 64 <= 0.25 x one decoder layer's prefill at full length
-      (full prefill / number of layers);
-  (c) the speed-up projected to the real 32-layer decoder, 32 x per-layer prefill at full over
-      32 x per-layer prefill at the budget + probe + select, printed beside the ideal.
+select, prefill and per-token decode. Checks, all from the same run, at the preset's check budget m:
+  (a) decoder prefill speed-up at m over full >= 0.9 x the ideal L_full / L_m (prefill lengths; for LLaVA-1.5
+      (576+T)/(m+T), T = text tokens);
+  (b) probe + select at m <= 0.25 x one decoder layer's prefill at full length (full prefill / number of layers);
+  (c) the speed-up projected to the real decoder depth L (32; Qwen2.5-VL-7B 28), L x per-layer prefill at full over
+      L x per-layer prefill at the budget + probe + select, printed beside the ideal.
+llava-next-7b also times, in the same run on the run's own projector features V [2880, 4096], the selector rows
+of the paper's overhead table: similarity (cosine, centre, clip; float64) once and the greedy (numpy) per budget.
 
-    python benchmarks/bench_pipeline.py            # ~2 GB checkpoint, ~4 GB
-    python benchmarks/bench_pipeline.py --quick    # 1 repeat
+    python benchmarks/bench_pipeline.py                          # llava-1.5-7b: ~2 GB checkpoint, ~4 GB
+    python benchmarks/bench_pipeline.py --preset llava-next-7b   # ~2 GB checkpoint, ~5 GB engine dir
+    python benchmarks/bench_pipeline.py --quick                  # 1 repeat
+    python benchmarks/bench_pipeline.py --preset qwen2.5-vl-7b --repeats 3   # ~3 GB checkpoint, ~8 GB
 
-The checkpoint (coverpruner-make-checkpoint --preset llava-1.5-7b --layers 2) and its fp32 engine dir are
+The checkpoint (coverpruner-make-checkpoint --preset <preset> --layers 2) and its fp32 engine dir are
 built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.
 """
 
@@ -30,79 +38,122 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
-BUDGETS = ("full", 128, 64, 32)
 STAGES = ("vision", "embed", "probe", "select", "prefill")
-REAL_LAYERS = 32
+#: preset -> checkpoint preset, budgets (round-robin), budget of checks (a)/(b), real decoder depth, request options
+#: side: the demo image resized to a square of this many pixels (None: the demo as is)
+PRESETS = {
+    "llava-1.5-7b": {"budgets": ("full", 128, 64, 32), "check": 64, "real_layers": 32, "options": {}, "side": None},
+    "llava-next-7b": {"budgets": ("full", 640, 320, 160), "check": 320, "real_layers": 32, "options": {},
+                      "side": 672},
+    "qwen2.5-vl-7b": {"budgets": ("full", 512, 256, 128), "check": 128, "real_layers": 28,
+                      "options": {"image_size": (1008, 1008)}, "side": None},
+}
 
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS  # noqa: E402
 
 
-def prepare(workdir: Path, layers: int, dtype: str) -> Path:
+def prepare(workdir: Path, layers: int, dtype: str, preset: str = "llava-1.5-7b") -> Path:
     """Shape-real checkpoint + engine dir under workdir (built once, reused); returns the engine dir."""
-    ckpt = workdir / f"llava-1.5-7b-{layers}l"
-    engine = workdir / f"llava-1.5-7b-{layers}l-{dtype}"
+    ckpt = workdir / f"{preset}-{layers}l"
+    engine = workdir / f"{preset}-{layers}l-{dtype}"
     if not (ckpt / "config.json").is_file():
         from coverpruner.testing.checkpoints import write_checkpoint
 
         print(f"writing checkpoint {ckpt}", flush=True)
-        write_checkpoint(ckpt, preset="llava-1.5-7b", layers=layers, seed=0)
+        write_checkpoint(ckpt, preset=preset, layers=layers, seed=0)
     manifest = engine / "manifest.json"
     missing = GRAPHS if not manifest.is_file() else [g for g in GRAPHS if g not in json.loads(manifest.read_text())["graphs"]]
     if missing:  # a re-export of some graphs keeps the others in the manifest
         from coverpruner.export.exporter import ExportOptions, export_model
 
         print(f"exporting {', '.join(missing)} to {engine}", flush=True)
-        export_model(ckpt, engine, f"llava-1.5-7b preset, {layers} layers, random weights",
+        export_model(ckpt, engine, f"{preset} preset, {layers} layers, random weights",
                      ExportOptions(dtype=dtype, graphs=tuple(missing), progress=False))
     return engine
 
 
-def run_budgets(pipe, image, prompt, method, new_tokens, repeats):
+def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets, options=None):
     """Round-robin over budgets ``repeats`` times (a slow spell on a shared machine hits every budget alike).
 
     Returns {budget: {"timings": medians (+ decode_per_token), prefill/prompt tokens, kept, runs}}.
     """
-    runs = {str(b): [] for b in BUDGETS}
+    runs = {str(b): [] for b in budgets}
     for _ in range(repeats):
-        for b in BUDGETS:
+        for b in budgets:
             runs[str(b)].append(pipe.generate(image, prompt, budget=b, method=method, max_new_tokens=new_tokens,
-                                              ignore_eos=True))
+                                              ignore_eos=True, **(options or {})))
     rows = {}
     for b, rs in runs.items():
         med = {k: statistics.median(r.timings[k] for r in rs) for k in rs[0].timings}
         med["decode_per_token"] = statistics.median(r.timings["decode"] / max(len(r.token_ids) - 1, 1) for r in rs)
         rows[b] = {"timings": med, "prefill_tokens": rs[-1].prefill_tokens, "prompt_tokens": rs[-1].prompt_tokens,
-                   "kept": int(len(rs[-1].kept_indices)), "runs": [r.timings for r in rs]}
+                   "kept": int(len(rs[-1].kept_indices)), "num_visual_tokens": rs[-1].num_visual_tokens,
+                   "runs": [r.timings for r in rs]}
     return rows
 
 
-def analyse(rows: dict, n: int, layers: int) -> dict:
+def analyse(rows: dict, n: int, layers: int, check: int, real_layers: int = 32) -> dict:
     full = rows["full"]
-    T = full["prompt_tokens"] - n
+    T = full["prompt_tokens"] - n  # tokens that are no candidate: text (+ LLaVA-NeXT's newline rows)
     per_layer_full = full["timings"]["prefill"] / layers
     out = {"text_tokens": T, "per_layer_prefill_full_s": per_layer_full, "budgets": {}}
     for b, row in rows.items():
         if b == "full":
             continue
         t = row["timings"]
-        ideal = (n + T) / (int(b) + T)
+        ideal = full["prefill_tokens"] / row["prefill_tokens"]  # L_full / L_m
         measured = full["timings"]["prefill"] / t["prefill"]
         per_layer_b = t["prefill"] / layers
-        projected = (REAL_LAYERS * per_layer_full) / (REAL_LAYERS * per_layer_b + t["probe"] + t["select"])
+        projected = (real_layers * per_layer_full) / (real_layers * per_layer_b + t["probe"] + t["select"])
         out["budgets"][str(b)] = {
             "ideal_speedup": ideal, "measured_prefill_speedup": measured, "fraction_of_ideal": measured / ideal,
             "probe_plus_select_s": t["probe"] + t["select"],
             "probe_plus_select_over_layer": (t["probe"] + t["select"]) / per_layer_full,
-            "projected_32_layer_speedup": projected,
+            "projected_speedup": projected, "projected_layers": real_layers,
             "decode_per_token_speedup": full["timings"]["decode_per_token"] / t["decode_per_token"],
         }
-    b64 = out["budgets"]["64"]
+    bm = out["budgets"][str(check)]
     out["checks"] = {
-        "a_prefill_64_at_least_0.9_ideal": b64["fraction_of_ideal"] >= 0.9,
-        "b_probe_select_at_most_0.25_layer": b64["probe_plus_select_over_layer"] <= 0.25,
+        f"a_prefill_{check}_at_least_0.9_ideal": bm["fraction_of_ideal"] >= 0.9,
+        f"b_probe_select_{check}_at_most_0.25_layer": bm["probe_plus_select_over_layer"] <= 0.25,
     }
     return out
+
+
+def selector_overhead(pipe, image, budgets, repeats) -> list[dict]:
+    """The paper's selector overhead rows on this run's projector features V [n, d] (n = 2,880 for a 672 px
+    LLaVA-NeXT image): similarity (float64 cosine, centre, clip; shared by all budgets) and the numpy greedy
+    per budget, medians over `repeats`; relevance from the run's own probe."""
+    import numpy as np
+
+    from coverpruner.selection import coverage_utilities, demand_weights, greedy_incremental
+
+    rt, opts = pipe.family_runtime, pipe.family_options()
+    vision = rt.prepare_image(image, opts)
+    span = rt.image_span(pipe.vision(vision.feeds), vision, opts)
+    v = span.features.astype(np.float32)
+    relevance = pipe.generate(image, "What is in the picture?", budget=budgets[0], max_new_tokens=1).relevance
+    w = demand_weights(relevance, 0.3)
+
+    def median_time(fn):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times), out
+
+    t_sim, a = median_time(lambda: coverage_utilities(v))
+    rows = []
+    for m in budgets:
+        t_sel, _ = median_time(lambda: greedy_incremental(a, w, int(m)))
+        rows.append({"n": int(v.shape[0]), "d": int(v.shape[1]), "budget": int(m), "backend": "numpy",
+                     "similarity_ms": 1e3 * t_sim, "selection_ms": 1e3 * t_sel, "total_ms": 1e3 * (t_sim + t_sel),
+                     "selection_over_similarity": t_sel / t_sim})
+        print(f"selector n={v.shape[0]} m={m}: similarity {1e3 * t_sim:7.1f} ms, greedy {1e3 * t_sel:7.1f} ms",
+              flush=True)
+    return rows
 
 
 def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
@@ -142,16 +193,17 @@ def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
     # right: speed-ups
     x1 = 620
     bud = list(analysis["budgets"])
-    vmax = max(max(v["ideal_speedup"], v["measured_prefill_speedup"], v["projected_32_layer_speedup"])
+    vmax = max(max(v["ideal_speedup"], v["measured_prefill_speedup"], v["projected_speedup"])
                for v in analysis["budgets"].values()) * 1.1
     d.line([x1, y0 + h, x1 + w - 40, y0 + h], fill="black")
     d.line([x1, y0, x1, y0 + h], fill="black")
     for k in range(5):
         v = vmax * k / 4
         d.text((x1 - 40, y0 + h - h * k / 4 - 6), f"{v:.1f}x", fill="black")
-    series = [("ideal (576+T)/(m+T)", "ideal_speedup", (150, 150, 150)),
+    layers = next(iter(analysis["budgets"].values()))["projected_layers"]
+    series = [("ideal L_full / L_m", "ideal_speedup", (150, 150, 150)),
               ("measured prefill", "measured_prefill_speedup", (60, 150, 90)),
-              ("projected 32-layer incl. probe+select", "projected_32_layer_speedup", (200, 60, 60))]
+              (f"projected {layers}-layer incl. probe+select", "projected_speedup", (200, 60, 60))]
     gw = (w - 40) / len(bud)
     for i, b in enumerate(bud):
         for j, (_, key, col) in enumerate(series):
@@ -168,6 +220,8 @@ def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="llava-1.5-7b",
+                   help="shape-real checkpoint preset and its budgets (default llava-1.5-7b)")
     p.add_argument("--workdir", type=Path, default=ROOT / "benchmarks" / "work", help="checkpoint/engine cache")
     p.add_argument("--layers", type=int, default=2, help="decoder layers of the shape-real preset (default 2)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "fp16"), help="export precision (CPU: fp32)")
@@ -176,6 +230,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="timed runs per budget (median)")
     p.add_argument("--new-tokens", type=int, default=8, help="answer length per run (decode timing)")
     p.add_argument("--method", default="coverpruner")
+    p.add_argument("--selector", choices=("auto", "onnx", "numpy"), default="auto",
+                   help="how the coverpruner method selects (Pipeline.load selector=; default auto: selector.onnx)")
     p.add_argument("--quick", action="store_true", help="1 repeat")
     p.add_argument("--tag", default=None, help="results file tag (default: <provider>)")
     p.add_argument("--engine", type=Path, default=None,
@@ -183,30 +239,38 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     repeats = 1 if args.quick else args.repeats
 
-    engine = args.engine or prepare(args.workdir, args.layers, args.dtype)
+    preset = PRESETS[args.preset]
+    engine = args.engine or prepare(args.workdir, args.layers, args.dtype, args.preset)
+    from PIL import Image
+
     from coverpruner.runtime import Pipeline
 
-    pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads)
-    image = ROOT / "coverpruner" / "assets" / "demo.png"
+    pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads, selector=args.selector)
+    image = Image.open(ROOT / "coverpruner" / "assets" / "demo.png").convert("RGB")
+    if preset["side"]:  # LLaVA-NeXT: a square 672 px image fills the 2x2 grid, nothing is unpadded
+        image = image.resize((preset["side"], preset["side"]), Image.BICUBIC)
     prompt = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
-    n = pipe.num_visual_tokens
+    for b in ("full", preset["check"]):  # warm-up: ORT arenas, first-run kernel selection
+        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True,
+                      **preset["options"])
+    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats, preset["budgets"],
+                       preset["options"])
+    n = rows["full"]["num_visual_tokens"]  # per request (dynamic-resolution families)
     print(f"engine {engine.name}: n={n}, layers={args.layers}, provider={args.provider}, threads={args.threads}",
           flush=True)
-    for b in ("full", 64):  # warm-up: ORT arenas, first-run kernel selection
-        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True)
-    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats)
     for b, row in rows.items():
         med = row["timings"]
         print(f"budget {b:>4}: prefill {row['prefill_tokens']:4d} tok "
               + " ".join(f"{s}={med[s] * 1e3:8.1f}ms" for s in STAGES)
               + f" decode/token={med['decode_per_token'] * 1e3:7.1f}ms", flush=True)
-    analysis = analyse(rows, n, args.layers)
-    print(f"T = {analysis['text_tokens']} text tokens; per-layer prefill at full = "
+    analysis = analyse(rows, n, args.layers, preset["check"], preset["real_layers"])
+    selector_rows = selector_overhead(pipe, image, preset["budgets"][1:], repeats) if preset["side"] else None
+    print(f"T = {analysis['text_tokens']} non-candidate tokens (text, newline rows); per-layer prefill at full = "
           f"{analysis['per_layer_prefill_full_s'] * 1e3:.1f} ms")
     for b, a in analysis["budgets"].items():
         print(f"budget {b:>4}: prefill speed-up {a['measured_prefill_speedup']:5.2f}x vs ideal {a['ideal_speedup']:5.2f}x"
               f" ({a['fraction_of_ideal']:.2f} of ideal); probe+select = {a['probe_plus_select_over_layer']:.3f}"
-              f" x one layer; projected 32-layer speed-up {a['projected_32_layer_speedup']:5.2f}x"
+              f" x one layer; projected {a['projected_layers']}-layer speed-up {a['projected_speedup']:5.2f}x"
               f" (ideal {a['ideal_speedup']:5.2f}x)")
     for k, ok in analysis["checks"].items():
         print(f"check {k}: {'PASS' if ok else 'FAIL'}")
@@ -218,19 +282,21 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {
         "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
-        "preset": "llava-1.5-7b" if args.engine is None else str(args.engine), "layers": args.layers, "precision": args.dtype, "method": args.method,
+        "preset": args.preset if args.engine is None else str(args.engine), "layers": args.layers,
+        "precision": args.dtype, "method": args.method, "options": preset["options"],
         "selector_backend": pipe.selector_backend,
         "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "num_visual_tokens": n, "timing_unit": "seconds (median)", "budgets": rows, "analysis": analysis,
+        "selector_overhead": selector_rows,
     }
-    name = f"llava-1.5-7b-{args.layers}l" if args.engine is None else args.engine.name
+    name = f"{args.preset}-{args.layers}l" if args.engine is None else args.engine.name
     path = out_dir / f"pipeline_{name}_{tag}.json"
     path.write_text(json.dumps(result, indent=2))
     plot(path.with_suffix(".png"), rows, analysis,
-         f"CoverPruner pipeline, llava-1.5-7b widths, {args.layers} decoder layers, {args.provider}, "
+         f"CoverPruner pipeline, {args.preset} widths, n={n}, {args.layers} decoder layers, {args.provider}, "
          f"{args.dtype}, {os.cpu_count()} CPUs (median of {repeats})")
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0 if all(analysis["checks"].values()) else 1

@@ -48,6 +48,22 @@ def cudart() -> ctypes.CDLL:
     return lib
 
 
+def device_problem() -> str | None:
+    """None when CUDA device 0 is usable through libcudart; otherwise one line naming what is missing
+    (the library, the driver, or a device). Needs no torch: this is what the TensorRT sessions run on."""
+    try:
+        lib = cudart()
+    except CudaError as exc:
+        return str(exc)
+    count = ctypes.c_int(0)
+    status = lib.cudaGetDeviceCount(ctypes.byref(count))
+    if status != 0:
+        return f"cudaGetDeviceCount: CUDA error {status} ({lib.cudaGetErrorString(status).decode()})"
+    if count.value < 1:
+        return "cudaGetDeviceCount found no CUDA device"
+    return None
+
+
 def check(status: int, what: str) -> None:
     if status != 0:
         msg = cudart().cudaGetErrorString(status).decode()

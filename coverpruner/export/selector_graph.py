@@ -4,11 +4,14 @@ TensorRT's ONNX parser.
 Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int64 scalar, tau float32 scalar
 Output  keep [m] int64, ascending, m = min(budget, n)
 
-Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop has an explicit
-trip count and a condition that the body passes through, and there is no NonZero. Ties go to the lowest index
-without relying on ArgMax's tie order: among gains within TIE_RTOL * sum(w) of the best (the tie rule of
-coverpruner.selection), the maximum of `is_best * (n - index)` is unique. Everything runs in float32; the numpy
-reference runs in float64, so only gains that differ by about the tie tolerance can break differently.
+Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop runs exactly
+min(budget, n) iterations (trip count min(budget, n); its condition is the constant true passed through the body
+unchanged, so there is no early exit and the scan output always has the trip count's length), and there is no
+NonZero. Ties go to the lowest index without relying on ArgMax's tie order: among gains within
+tie_rtol(n, float32) * best of the best (coverpruner.selection's rule with a float32 window of at most 8 ulps),
+the maximum of `is_best * (n - index)` is unique. Everything runs in float32 and the gains are recomputed from
+scratch every step; the numpy reference runs in float64, so only genuine float32 near-ties (gains within a few
+float32 roundings) can break differently.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from coverpruner.selection.coverage import NORM_EPS, TIE_RTOL
+from coverpruner.selection.coverage import EPS32, NORM_EPS
 
 FORMS = ("loop", "plugin")
 _FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
@@ -61,7 +64,9 @@ def _loop_body() -> onnx.GraphProto:
         n("Where", ["taken_in", "neg_inf", "gain_raw"], ["gain"]),
         # lowest index among the maxima: unique max of is_best * (n - index)
         n("ReduceMax", ["gain"], ["best"], keepdims=1),  # gain is [1, n]: reduce all, no axes (opset-agnostic)
-        n("Sub", ["best", "tie_atol"], ["threshold"]),
+        n("Abs", ["best"], ["best_abs"]),
+        n("Mul", ["best_abs", "tie_rtol"], ["tie_window"]),  # relative to the current best gain
+        n("Sub", ["best", "tie_window"], ["threshold"]),
         n("GreaterOrEqual", ["gain", "threshold"], ["is_best"]),
         n("Cast", ["is_best"], ["is_best_f"], to=TensorProto.FLOAT),
         n("Mul", ["is_best_f", "rank_row"], ["ranked"]),
@@ -73,7 +78,7 @@ def _loop_body() -> onnx.GraphProto:
         n("Reshape", ["c_next", "shape_1_neg"], ["c_out"]),
         n("Equal", ["index_row", "k_2d"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
-        n("Identity", ["cond_in"], ["cond_out"]),
+        n("Identity", ["cond_in"], ["cond_out"]),  # never false: no early exit
         n("Identity", ["k"], ["k_out"]),
     ]
     return helper.make_graph(
@@ -104,7 +109,8 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("eps", NORM_EPS, np.float32),
         _const("zero_f", 0.0, np.float32),
         _const("one_f", 1.0, np.float32),
-        _const("tie_rtol", TIE_RTOL, np.float32),
+        _const("eps32", EPS32, np.float32),
+        _const("max_tie_ulps", 8.0, np.float32),
         _const("neg_inf", -np.inf, np.float32),
         _const("axis0", [0], np.int64),
         _const("axis1", [1], np.int64),
@@ -143,8 +149,10 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Mul", ["r_unit", "tau"], ["logit"]),
         n("Exp", ["logit"], ["w"]),
         n("Reshape", ["w", "shape_col"], ["w_col"]),
-        n("ReduceSum", ["w"], ["w_total"], keepdims=0),
-        n("Mul", ["w_total", "tie_rtol"], ["tie_atol"]),
+        # tie window tie_rtol(n, float32) = min(n + 1, 8) * eps32, relative to each step's best gain
+        n("Add", ["n_f", "one_f"], ["n_plus_1"]),
+        n("Min", ["n_plus_1", "max_tie_ulps"], ["tie_ulps"]),
+        n("Mul", ["tie_ulps", "eps32"], ["tie_rtol"]),
         # loop state and constants the body reads from the outer scope
         n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
         n("Reshape", ["index", "shape_row"], ["index_row"]),  # [1, n] int64
@@ -155,6 +163,9 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
+        # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
+        # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
+        # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
         n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],
           body=_loop_body()),
         # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable

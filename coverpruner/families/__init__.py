@@ -13,10 +13,14 @@ from functools import lru_cache
 # family name -> "module:Class"
 _ADAPTERS = {
     "llava": "coverpruner.families.llava:LlavaFamily",
+    "llava_next": "coverpruner.families.llava_next:LlavaNextFamily",
+    "qwen2_5_vl": "coverpruner.families.qwen2_5_vl:Qwen25VLFamily",
 }
 # HF config.model_type -> family name
 _MODEL_TYPES = {
     "llava": "llava",
+    "llava_next": "llava_next",
+    "qwen2_5_vl": "qwen2_5_vl",
 }
 
 

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +103,20 @@ def load_image(image) -> Image.Image:
     if not path.is_file():
         raise ImageError(f"image not found: {path}")
     try:
-        img = Image.open(path)
-        img.load()  # decode now so truncated files fail here, not deep inside resize
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise ImageError(f"cannot read image {path}: {exc}") from None
+        with warnings.catch_warnings():
+            # PIL only warns between MAX_IMAGE_PIXELS and twice that, then decodes gigabytes: refuse it as well
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(path)
+            img.load()  # decode now so truncated files fail here, not deep inside resize
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        size = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
+        raise ImageError(f"image {path} has {pixels}, over the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} "
+                         "pixels (PIL.Image.MAX_IMAGE_PIXELS)") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError,
+            KeyError, TypeError, MemoryError) as exc:
+        # what PIL's decoders raise on malformed files (EOFError, struct.error, IndexError, ... from plugins)
+        raise ImageError(f"cannot read image {path}: {type(exc).__name__}: {exc}") from None
     return img
 
 
@@ -160,8 +173,9 @@ def preprocess_image(image, settings: ImageSettings) -> np.ndarray:
     img = load_image(image)
     try:
         rgb = _to_rgb(img) if settings.do_convert_rgb else np.asarray(img)
-    except OSError as exc:
-        raise ImageError(f"cannot decode image: {exc}") from None
+    except (OSError, ValueError, EOFError, struct.error, MemoryError) as exc:
+        raise ImageError(f"cannot decode image (PIL mode {img.mode}, size {img.size}): "
+                         f"{type(exc).__name__}: {exc}") from None
     if rgb.ndim == 2:
         rgb = rgb[:, :, None]
     chw = np.ascontiguousarray(np.moveaxis(rgb, -1, 0))  # uint8 [C,H,W]

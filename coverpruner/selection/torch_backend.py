@@ -1,13 +1,14 @@
 """Coverage selection in torch: CPU or CUDA tensors, single [n, d] or batched [B, n, d].
 
-Same greedy and tie rule as coverage.py. float64 by default on the CPU (index parity with the reference);
-float32 by default on CUDA, where float64 is slow on most GPUs (near-ties may then break differently).
+Same greedy and tie rule as coverage.py. float64 by default on the CPU (the reference's indices); float32 by
+default on CUDA, where float64 is slow on most GPUs: genuine float32 near-ties may then break differently, with a
+float32-sized tie window (`tie_rtol(n, float32)`), never a wider one.
 torch is imported lazily so `coverpruner.selection` stays importable without it.
 """
 
 from __future__ import annotations
 
-from .coverage import NORM_EPS, TIE_RTOL
+from .coverage import EPS64, NORM_EPS, ZERO_ULPS, incremental_margin, tie_rtol
 from ._inputs import check_budget, check_features, check_relevance, check_tau
 
 
@@ -65,38 +66,80 @@ def _weights(relevance, bsz, n, tau, dtype, device):
 
 
 def _greedy(a, w, budget):
-    """Incremental greedy on A [B, n, n], w [B, n]; returns picks [B, m] in pick order.
+    """Greedy on A [B, n, n], w [B, n]; returns picks [B, m] in pick order.
 
-    For B == 1 only the rows whose coverage rose are touched (the CPU fast path); for B > 1 the update runs
-    dense over all rows, where clip(a, c, c) - c = 0 leaves unchanged rows out without a gather.
+    float64 with B == 1 (the CPU path): the incremental update touching only the rows whose coverage rose, with
+    coverage.py's fresh recomputation of the near-best candidates before each pick. Otherwise (batches, float32)
+    the gains are recomputed from scratch every step, sum_i w_i max(0, A_ik - c_i) as one batched product: the
+    same O(B n^2) per step a dense incremental update costs, and float32 gains then carry only their own sum's
+    rounding, not the rounding of m subtractions from the much larger first-step gains.
     """
     import torch
 
+    if a.dtype == torch.float64 and a.shape[0] == 1:
+        return _greedy_incremental_single(a, w, budget)
     bsz, n, _ = a.shape
-    c = torch.zeros(bsz, n, dtype=a.dtype, device=a.device)
-    gain = torch.bmm(w.unsqueeze(1), a).squeeze(1)  # [B, n]
-    atol = TIE_RTOL * w.sum(dim=1, keepdim=True)
-    neg_inf = torch.tensor(float("-inf"), dtype=a.dtype, device=a.device)
+    rtol = tie_rtol(n, _numpy_dtype(a.dtype))
+    # coverage.zero_level for float64 gains; float32 gains get no absolute part (exhausted columns are exact
+    # zeros there: the gains are recomputed from utilities that c was taken from)
+    atol = ZERO_ULPS * EPS64 * w.sum(dim=1, keepdim=True) if a.dtype == torch.float64 else 0.0
+    c = torch.zeros(bsz, n, 1, dtype=a.dtype, device=a.device)
+    selected = torch.zeros(bsz, n, dtype=torch.bool, device=a.device)
     batch = torch.arange(bsz, device=a.device)
     picks = torch.empty(bsz, budget, dtype=torch.int64, device=a.device)
+    w_row = w.unsqueeze(1)  # [B, 1, n]
     for step in range(budget):
-        best = gain.max(dim=1, keepdim=True).values
-        # lowest index within atol of the best: argmax of a boolean mask returns its first True
-        k = torch.argmax((gain >= best - atol).to(torch.uint8), dim=1)
+        gain = torch.bmm(w_row, torch.clamp(a - c, min=0.0)).squeeze(1)  # [B, n]
+        gain.masked_fill_(selected, float("-inf"))
+        k = _lowest_tied(gain, rtol, atol)
         picks[:, step] = k
-        col = a[batch, :, k]  # [B, n]: A[:, k*] per batch item
-        if bsz == 1:
-            rows = torch.nonzero(col[0] > c[0]).squeeze(1)
-            if rows.numel():
-                lo = c[0, rows].unsqueeze(1)
-                hi = col[0, rows].unsqueeze(1)
-                gain[0] -= w[0, rows] @ (torch.clamp(a[0, rows], min=lo, max=hi) - lo)
-                c[0, rows] = col[0, rows]
+        selected[batch, k] = True
+        c = torch.maximum(c, a[batch, :, k].unsqueeze(2))
+    return picks
+
+
+def _lowest_tied(gain, rtol, atol):
+    """[B, n] gains -> [B] index of the lowest gain within rtol * |best| + atol of each row's best."""
+    import torch
+
+    best = gain.max(dim=1, keepdim=True).values
+    # argmax of a boolean mask returns its first True: the lowest tied index
+    return torch.argmax((gain >= best - (rtol * best.abs() + atol)).to(torch.uint8), dim=1)
+
+
+def _numpy_dtype(dtype):
+    import numpy as np
+    import torch
+
+    return {torch.float64: np.float64, torch.float32: np.float32}.get(dtype, dtype)
+
+
+def _greedy_incremental_single(a, w, budget):
+    """coverage.greedy_incremental in torch, float64, A [1, n, n], w [1, n] -> picks [1, m]."""
+    import torch
+
+    a0, w0 = a[0], w[0]
+    n = a0.shape[0]
+    c = torch.zeros(n, dtype=a.dtype, device=a.device)
+    gain = w0 @ a0  # [n]
+    rtol, atol = tie_rtol(n), ZERO_ULPS * EPS64 * float(w0.sum())
+    margin = incremental_margin(n, budget, float(gain.max()), atol)
+    picks = torch.empty(1, budget, dtype=torch.int64, device=a.device)
+    for step in range(budget):
+        cand = torch.nonzero(gain >= gain.max() - margin).squeeze(1)
+        if cand.numel() > 1:  # near-tie or exhausted coverage: decide on fresh sums, as the reference does
+            fresh = w0 @ torch.clamp(a0[:, cand] - c.unsqueeze(1), min=0.0)
+            gain[cand] = fresh
+            k = cand[_lowest_tied(fresh.unsqueeze(0), rtol, atol)[0]]
         else:
-            c_new = torch.maximum(c, col)
-            lo = c.unsqueeze(2)
-            delta = torch.clamp(a, min=lo, max=c_new.unsqueeze(2)) - lo
-            gain -= torch.bmm(w.unsqueeze(1), delta).squeeze(1)
-            c = c_new
-        gain[batch, k] = neg_inf  # stays -inf: later updates subtract finite amounts
+            k = cand[0]
+        picks[0, step] = k
+        col = a0[:, k]
+        rows = torch.nonzero(col > c).squeeze(1)
+        if rows.numel():
+            lo = c[rows].unsqueeze(1)
+            hi = col[rows].unsqueeze(1)
+            gain -= w0[rows] @ (torch.clamp(a0[rows], min=lo, max=hi) - lo)
+            c[rows] = col[rows]
+        gain[k] = float("-inf")  # stays -inf: later updates subtract finite amounts
     return picks

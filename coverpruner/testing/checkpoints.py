@@ -11,7 +11,11 @@ Presets:
   llava-1.5-7b  real widths (CLIP ViT-L/14-336, hidden 4096, 32 heads, intermediate 11008, vocab 32064)
                 with `layers` decoder layers (default 2), fp16 weights; for latency and memory work.
 
-CLI: coverpruner-make-checkpoint --preset tiny|llava-1.5-7b --layers N --output DIR --seed S
+LLaVA-NeXT presets (llava-next-tiny, llava-next-7b) live in coverpruner/testing/llava_next_checkpoints.py;
+the CLI writes either family.
+
+CLI: coverpruner-make-checkpoint --preset tiny|llava-1.5-7b|llava-next-tiny|llava-next-7b --layers N
+     [--vision-layers N] --output DIR --seed S
 """
 
 from __future__ import annotations
@@ -89,15 +93,23 @@ def _round_up(x: int, multiple: int) -> int:
     return (x + multiple - 1) // multiple * multiple
 
 
-def build_processor(tokenizer, image_size: int, patch_size: int):
-    """LlavaProcessor (PIL image backend, fast tokenizer, llava-hf chat template) for `tokenizer`."""
-    from transformers import CLIPImageProcessorPil, LlavaProcessor, PreTrainedTokenizerFast
+def fast_tokenizer(tokenizer):
+    """PreTrainedTokenizerFast over a trained `tokenizers.Tokenizer`, with the LLaVA specials declared."""
+    from transformers import PreTrainedTokenizerFast
 
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
         model_max_length=4096, padding_side="left",
     )
     fast.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    return fast
+
+
+def build_processor(tokenizer, image_size: int, patch_size: int):
+    """LlavaProcessor (PIL image backend, fast tokenizer, llava-hf chat template) for `tokenizer`."""
+    from transformers import CLIPImageProcessorPil, LlavaProcessor
+
+    fast = fast_tokenizer(tokenizer)
     image_processor = CLIPImageProcessorPil(
         size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size},
         do_center_crop=True, do_resize=True, do_rescale=True, do_normalize=True, do_convert_rgb=True,
@@ -110,22 +122,32 @@ def build_processor(tokenizer, image_size: int, patch_size: int):
     )
 
 
+def tower_configs(p: Preset, pad_token_id: int, tokenizer_size: int, layers: int | None = None,
+                  vision_layers: int | None = None):
+    """(LlamaConfig, CLIPVisionConfig) of preset `p`; `layers` / `vision_layers` override the layer counts
+    (ValueError naming the flag when < 1); the text vocab is the preset's or the tokenizer size rounded up to 64."""
+    from transformers import CLIPVisionConfig, LlamaConfig
+
+    text_kw, vision_kw = dict(p.text), dict(p.vision)
+    for flag, value, kw in (("--layers", layers, text_kw), ("--vision-layers", vision_layers, vision_kw)):
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"{flag} must be >= 1, got {value}")
+            kw["num_hidden_layers"] = value
+    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
+    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
+                       initializer_range=p.init_range, tie_word_embeddings=False)
+    return text, CLIPVisionConfig(**vision_kw, initializer_range=p.init_range)
+
+
 def build_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_size: int,
                  layers: int | None = None):
     """LlavaConfig of `preset` (no weights). `layers` overrides the number of decoder layers; the text vocab
     is the preset's or the tokenizer size rounded up to 64 (as llava-hf pads 32002 -> 32064)."""
-    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig
+    from transformers import LlavaConfig
 
     p = PRESETS[preset]
-    text_kw = dict(p.text)
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {layers}")
-        text_kw["num_hidden_layers"] = layers
-    text_kw.setdefault("vocab_size", _round_up(tokenizer_size, 64))
-    text = LlamaConfig(**text_kw, bos_token_id=1, eos_token_id=2, pad_token_id=pad_token_id,
-                       initializer_range=p.init_range, tie_word_embeddings=False)
-    vision = CLIPVisionConfig(**p.vision, initializer_range=p.init_range)
+    text, vision = tower_configs(p, pad_token_id, tokenizer_size, layers)
     config = LlavaConfig(
         vision_config=vision, text_config=text, image_token_index=image_token_id,
         image_seq_length=(vision.image_size // vision.patch_size) ** 2,
@@ -135,17 +157,35 @@ def build_config(preset: str, image_token_id: int, pad_token_id: int, tokenizer_
     return config
 
 
-def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0) -> Path:
-    """Write a random-weight LLaVA-1.5 checkpoint of `preset` into `output`; returns the directory.
+def all_presets() -> list[str]:
+    """Every preset the CLI can write (LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL)."""
+    from coverpruner.testing.llava_next_checkpoints import NEXT_PRESETS
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS
 
-    `layers` overrides the number of decoder layers. Weights: normal(0, init_range) linears/embeddings,
-    deterministic for a given seed.
+    return sorted([*PRESETS, *NEXT_PRESETS, *QWEN_PRESETS])
+
+
+def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | None = None, seed: int = 0,
+                     vision_layers: int | None = None) -> Path:
+    """Write a random-weight checkpoint of `preset` into `output`; returns the directory.
+
+    `layers` overrides the number of decoder layers, `vision_layers` the CLIP layers (LLaVA-NeXT presets).
+    Weights: normal(0, init_range) linears/embeddings, deterministic for a given seed.
     """
     import torch
     from transformers import LlavaForConditionalGeneration
 
+    from coverpruner.testing.llava_next_checkpoints import NEXT_PRESETS, write_next_checkpoint
+    from coverpruner.testing.qwen_checkpoints import QWEN_PRESETS, write_qwen_checkpoint
+
+    if preset in NEXT_PRESETS:
+        return write_next_checkpoint(output, preset, layers=layers, seed=seed, vision_layers=vision_layers)
+    if vision_layers is not None:
+        raise ValueError(f"--vision-layers is only supported for the LLaVA-NeXT presets, not {preset!r}")
+    if preset in QWEN_PRESETS:
+        return write_qwen_checkpoint(output, preset=preset, layers=layers, seed=seed)
     if preset not in PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+        raise ValueError(f"unknown preset {preset!r}; expected one of {all_presets()}")
     p = PRESETS[preset]
     out = Path(output)
     torch.manual_seed(seed)
@@ -178,16 +218,24 @@ def _randomize(model, std: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="coverpruner-make-checkpoint",
-        description="Write a random-weight LLaVA-1.5 checkpoint (HF format, real local tokenizer).",
+        description="Write a random-weight LLaVA-1.5 / LLaVA-NeXT / Qwen2.5-VL checkpoint (HF format, real local "
+                    "tokenizer).",
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
-                        help="tiny: test/demo model; llava-1.5-7b: real 7B widths for latency work")
+    parser.add_argument("--preset", choices=all_presets(), default="tiny",
+                        help="tiny / llava-next-tiny / qwen2.5-vl-tiny: test models; llava-1.5-7b / llava-next-7b / "
+                             "qwen2.5-vl-7b: real 7B widths for latency work")
     parser.add_argument("--layers", type=int, default=None,
-                        help="number of decoder layers (default: tiny 2, llava-1.5-7b 32; use 2 for benchmarks)")
+                        help="number of decoder layers (default: tiny 2, 7b presets 32; use 2 for benchmarks)")
+    parser.add_argument("--vision-layers", type=int, default=None,
+                        help="number of CLIP layers, LLaVA-NeXT presets only (default: tiny 3, llava-next-7b 24)")
     parser.add_argument("--output", required=True, help="directory to write the checkpoint into")
     parser.add_argument("--seed", type=int, default=0, help="random seed for weights and tokenizer corpus")
     args = parser.parse_args(argv)
-    out = write_checkpoint(args.output, preset=args.preset, layers=args.layers, seed=args.seed)
+    try:
+        out = write_checkpoint(args.output, preset=args.preset, layers=args.layers, seed=args.seed,
+                               vision_layers=args.vision_layers)
+    except ValueError as exc:
+        parser.exit(2, f"coverpruner-make-checkpoint: error: {exc}\n")
     print(f"wrote {args.preset} checkpoint to {out}")
     return 0
 

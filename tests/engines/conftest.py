@@ -1,4 +1,10 @@
-"""Fixtures for the engines tests: native builds of coverpruner/engines/csrc and tool probes."""
+"""Fixtures for the engines tests: native builds of coverpruner/engines/csrc, tool probes, and GPU gates.
+
+Each GPU test is gated on what it really uses, with a skip reason naming the missing piece: a usable CUDA
+device through libcudart (coverpruner.engines.cudart, no torch: what TensorRT sessions run on), TensorRT's
+python module, or torch built with CUDA (only the tests that hand CUDA tensors to the kernel). A GPU machine
+with the CPU torch wheel (the README's install) still runs the TensorRT engine tests.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,39 @@ import os
 import pytest
 
 from coverpruner.engines import native_build
+from coverpruner.engines.cudart import device_problem
 
 
-def _cuda_gpu_available() -> bool:
+def _torch_cuda_problem() -> str | None:
     try:
         import torch
     except ImportError:
-        return False
-    return torch.cuda.is_available()
+        return "torch is not installed"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build (no CUDA)"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no usable GPU"
+    return None
 
 
-GPU_AVAILABLE = _cuda_gpu_available()
-requires_gpu = pytest.mark.skipif(not GPU_AVAILABLE, reason="no CUDA GPU: torch.cuda.is_available() is False")
+def _tensorrt_problem() -> str | None:
+    from coverpruner.engines.tensorrt import TensorRTBuildError, load_tensorrt
+
+    try:
+        load_tensorrt()
+    except TensorRTBuildError as exc:
+        return str(exc)
+    return None
+
+
+CUDA_PROBLEM = device_problem()
+GPU_AVAILABLE = CUDA_PROBLEM is None
+requires_gpu = pytest.mark.skipif(not GPU_AVAILABLE, reason=f"no usable CUDA GPU: {CUDA_PROBLEM}")
+_TORCH_CUDA_PROBLEM = _torch_cuda_problem()
+requires_torch_cuda = pytest.mark.skipif(_TORCH_CUDA_PROBLEM is not None,
+                                         reason=f"needs torch with CUDA: {_TORCH_CUDA_PROBLEM}")
+_TENSORRT_PROBLEM = _tensorrt_problem()
+requires_tensorrt = pytest.mark.skipif(_TENSORRT_PROBLEM is not None, reason=f"needs TensorRT: {_TENSORRT_PROBLEM}")
 
 
 @pytest.fixture(scope="session")

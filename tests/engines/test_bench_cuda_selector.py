@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import requires_gpu
+from .conftest import requires_gpu, requires_torch_cuda
 
-pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpu]
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, requires_gpu, requires_torch_cuda]
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_cuda_selector.py"
 
@@ -26,4 +26,5 @@ def test_quick_benchmark_writes_json(native_libs, tmp_path):
     assert result["benchmark"] == "cuda_selector" and result["rows"]
     for row in result["rows"]:
         assert row["kernel_ms"] > 0 and row["torch_ms"] > 0
-        assert row["same_indices"], row  # float32 on both sides: the same picks
+        # float32 on both sides: the same picks, or at a genuine float32 near-tie equally good ones
+        assert row["same_indices"] or row["objective_rel_gap"] <= 2e-7, row

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import types
 
 import pytest
 
@@ -96,9 +98,16 @@ def test_bad_options_are_named(kwargs, message):
         BuildOptions(**kwargs).validate()
 
 
-def test_unknown_flavour_and_missing_module():
+def test_unknown_flavour_and_missing_module(monkeypatch):
     with pytest.raises(ValueError, match="flavour must be one of"):
         load_tensorrt("onnxruntime")
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # None in sys.modules: `import tensorrt` raises ImportError
+    with pytest.raises(TensorRTBuildError, match=r"no usable TensorRT python module \(tensorrt: .*pip install tensorrt"):
+        load_tensorrt("tensorrt")
+    placeholder = types.ModuleType("tensorrt_rtx")  # the pip placeholder: importable, no bindings
+    monkeypatch.setitem(sys.modules, "tensorrt_rtx", placeholder)
+    with pytest.raises(TensorRTBuildError, match=r"tensorrt: .*; tensorrt_rtx: installed without python bindings"):
+        load_tensorrt()
 
 
 def test_missing_plugin_library_is_named(tmp_path):

@@ -13,9 +13,9 @@ import pytest
 
 from coverpruner.engines.tensorrt import BuildOptions, TensorRTBuildError, build_engine_dir, load_tensorrt
 
-from .conftest import requires_gpu
+from .conftest import requires_gpu, requires_tensorrt
 
-pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt, requires_gpu]
+pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt, requires_gpu, requires_tensorrt]
 
 
 @pytest.fixture(scope="module")

@@ -38,8 +38,9 @@ def test_make_checkpoint_cli_layers_and_seed(tmp_path):
                                  "--seed", "3"]) == 0
     cfg = json.loads((tmp_path / "a" / "config.json").read_text())
     assert cfg["text_config"]["num_hidden_layers"] == 1
-    with pytest.raises(ValueError, match="--layers must be >= 1"):
+    with pytest.raises(SystemExit) as exc:  # one line on stderr, exit code 2, nothing written
         make_checkpoint_main(["--layers", "0", "--output", str(tmp_path / "b")])
+    assert exc.value.code == 2 and not (tmp_path / "b").exists()
 
 
 def test_llava_7b_preset_has_the_real_widths():

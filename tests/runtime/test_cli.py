@@ -10,6 +10,8 @@ from PIL import Image
 
 from coverpruner.runtime.cli import main
 
+from .bad_images import bad_images
+
 pytestmark = pytest.mark.slow
 
 
@@ -105,6 +107,19 @@ def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, cap
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("coverpruner-run: error: ") and expect in lines[0], err
     assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("name", sorted(bad_images()))
+def test_oversized_and_malformed_images_are_one_line_exit_2(name, tiny_export, tmp_path, capsys):
+    """e.g. a PNG claiming 30,000 x 30,000 pixels: one line naming the file and PIL's limit, exit 2."""
+    data, expect = bad_images()[name]
+    image = tmp_path / f"{name}.png"
+    image.write_bytes(data)
+    code, out, err = _run(capsys, tiny_export, "--image", image, "--prompt", "What is shown?", "--max-new-tokens", "2")
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert len(lines) == 1 and lines[0].startswith("coverpruner-run: error: ") and expect in lines[0], err
+    assert str(image) in lines[0], err
 
 
 def test_missing_gpu_provider_is_a_clear_error(tiny_export, demo_image, capsys):

@@ -7,6 +7,8 @@ from PIL import Image
 from coverpruner.runtime.errors import ImageError
 from coverpruner.runtime.preprocess import ImageSettings, preprocess_image
 
+from .bad_images import bad_images
+
 transformers = pytest.importorskip("transformers")
 
 
@@ -85,3 +87,14 @@ def test_missing_and_corrupt_images(tmp_path):
     good.write_bytes(data[: len(data) // 2])
     with pytest.raises(ImageError, match="cannot read image"):
         preprocess_image(good, s)
+
+
+@pytest.mark.parametrize("name", sorted(bad_images()))
+def test_oversized_and_malformed_files_are_one_clear_image_error(tmp_path, name):
+    data, expect = bad_images()[name]
+    path = tmp_path / f"{name}.png"
+    path.write_bytes(data)
+    with pytest.raises(ImageError) as info:
+        preprocess_image(path, ImageSettings())
+    msg = str(info.value)
+    assert expect in msg and str(path) in msg and "\n" not in msg, msg

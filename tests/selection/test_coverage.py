@@ -8,6 +8,7 @@ import pytest
 
 from coverpruner.selection import coverage_select, coverage_utilities, demand_weights, greedy_reference
 
+from ..literal_selection import coverage_reference
 from .conftest import KINDS, make_case
 
 
@@ -87,6 +88,7 @@ def test_numpy_and_torch_match_reference(kind, seed):
     ref = coverage_select(v, r, budget, tau, backend="reference")
     assert ref.dtype == np.int64 and len(ref) == min(budget, len(v))
     assert np.all(np.diff(ref) > 0), "indices must be sorted ascending and distinct"
+    np.testing.assert_array_equal(ref, coverage_reference(v, r, budget, tau))  # the test's own literal greedy
     np.testing.assert_array_equal(coverage_select(v, r, budget, tau, backend="numpy"), ref)
     rt = None if r is None else torch.from_numpy(r)
     out = coverage_select(torch.from_numpy(v), rt, budget, tau)  # auto -> torch
@@ -141,11 +143,11 @@ def test_ties_go_to_the_lowest_index(backend):
     assert list(coverage_select(same, None, 4, backend=backend)) == [0, 1, 2, 3]
     rng = np.random.default_rng(3)
     base = rng.standard_normal((5, 6))
-    v = np.concatenate([base, base])  # token i and i+5 are copies: the copy is never preferred
-    out = coverage_select(v, None, 5, backend=backend)
-    assert list(out) == list(coverage_select(v, None, 5, backend=backend))
-    picks = greedy_reference(coverage_utilities(v), np.ones(10), 5)
-    assert all(p < 5 for p in picks), picks
+    v = np.concatenate([base, base])  # token i and i+5 are copies with equal gains: the copy is never preferred
+    assert list(coverage_select(v, None, 5, backend=backend)) == [0, 1, 2, 3, 4]
+    v = np.concatenate([base[::-1], base])  # the copies now come first: they win
+    relevance = np.r_[rng.random(5), rng.random(5)]
+    assert list(coverage_select(v, relevance, 5, backend=backend)) == [0, 1, 2, 3, 4]
 
 
 def test_budget_at_least_n_keeps_every_token():

@@ -26,7 +26,10 @@ namespace
 
 constexpr float kNormEps = 1e-12f;
 constexpr int kRowThreads = 256;
-constexpr int kGreedyThreads = 512; // register headroom; the compile check (-warn-spills) guards it
+// One block per problem; __launch_bounds__(kGreedyThreads, 1) lets the greedy use up to 128 registers (it needs
+// ~72 with the fresh recomputation of near-best gains): one resident greedy block per SM, which only matters for
+// batches larger than the SM count. The compile check (-warn-spills) guards it.
+constexpr int kGreedyThreads = 512;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 thread_local std::string g_last_error;
@@ -182,6 +185,10 @@ struct MaxOp
 {
     __device__ double operator()(double a, double b) const { return fmax(a, b); }
 };
+struct PlusOp
+{
+    __device__ double operator()(double a, double b) const { return a + b; }
+};
 struct MinOp
 {
     __device__ int operator()(int a, int b) const { return min(a, b); }
@@ -206,6 +213,7 @@ struct DeviceBlock
     __device__ void sync() { __syncthreads(); }
     __device__ float sum(float v) { return block_sum(v, f_lo); }
     __device__ void min_max(float& lo, float& hi) { block_min_max(lo, hi, f_lo, f_hi); }
+    __device__ double sum_d(double v) { return block_reduce(v, d, PlusOp{}); }
     __device__ double max(double v) { return block_reduce(v, d, MaxOp{}); }
     __device__ int min_int(int v) { return block_reduce(v, i, MinOp{}); }
     __device__ int rank(bool flag, int* total) { return block_rank(flag, warp_counts, total); }
@@ -252,7 +260,7 @@ __global__ void initial_gain(float const* __restrict__ sim_all, int64_t budget_h
 }
 
 // Step 3, one block per problem: the m sequential picks and the sorted output; keep is [B, m].
-__global__ void __launch_bounds__(kGreedyThreads) greedy_select(float const* __restrict__ sim_all,
+__global__ void __launch_bounds__(kGreedyThreads, 1) greedy_select(float const* __restrict__ sim_all,
     int64_t budget_host, int64_t const* __restrict__ budget_device, int n, Scratch s, int64_t* __restrict__ keep_all)
 {
     CP_DEVICE_BLOCK(blk);

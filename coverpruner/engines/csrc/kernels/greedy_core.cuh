@@ -3,7 +3,8 @@
 // Every function here takes a "block" object that provides the cooperative primitives:
 //   tid(), size()              this thread's index and the number of threads
 //   sync()                     barrier (also makes global-memory writes visible)
-//   sum(float) / max(double) / min_int(int) / min_max(float&, float&)   block-wide reductions
+//   sum(float) / sum_d(double) / max(double) / min_int(int) / min_max(float&, float&)   block-wide reductions
+//                              (sum_d folds in a fixed order: the same result on every run)
 //   rank(bool flag, int* total) stable compaction rank of a flagged thread among this chunk's flags
 // coverage_select.cu instantiates it with a CUDA block (shared memory, warp shuffles, ballots);
 // tests/greedy_host_harness.cpp with a one-thread host block, so g++ runs the very same greedy logic
@@ -29,9 +30,13 @@ namespace coverpruner
 namespace greedy
 {
 
-// Gains within kTieRtol * sum(w) of the best count as tied and go to the lowest index: the tie rule of
-// coverpruner.selection (TIE_RTOL), so float32 A here and float64 A there agree on exact and near ties.
-constexpr double kTieRtol = 1e-6;
+// The tie rule of coverpruner.selection (coverage.tie_rtol / zero_level) for float64 gains: a gain
+// within (n + 1) * eps * |best| + kZeroUlps * eps * sum(w) of the best gain is tied with it, and the lowest
+// tied index wins. (n + 1) * eps * best bounds the rounding of two fresh n-term sums of non-negative terms;
+// the absolute part is the rounding level of exhausted columns (exact gain 0). The gains here are double
+// sums of the float32 utilities, so with the same utilities this greedy picks what the float64 reference
+// picks; float32 utilities themselves can move genuine near-ties (tested by the coverage objective).
+constexpr double kZeroUlps = 64.0;
 
 // Workspace regions of the greedy, each [B, n] (see coverage_workspace.h).
 struct Scratch
@@ -132,18 +137,65 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
 {
     const int tid = blk.tid(), nthreads = blk.size();
     float w_part = 0.f;
+    double g0 = 0.0;
     for (int i = tid; i < n; i += nthreads)
+    {
         w_part += p.w[i];
-    const double tie_atol = kTieRtol * static_cast<double>(blk.sum(w_part));
+        g0 = fmax(g0, p.gain[i]);
+    }
+    const double w_sum = static_cast<double>(blk.sum(w_part));
+    g0 = blk.max(g0);
+    const double atol = kZeroUlps * DBL_EPSILON * w_sum;
+    // The incremental gains lie within (2n + m + 2) u g0 of the exact sums (g0 = largest first gain, u =
+    // eps / 2): a gain more than this margin below the incremental best can be neither the exact best nor
+    // tied with it (coverage.incremental_margin). Gains inside it are recomputed from scratch before the pick.
+    const double margin = (6.0 * n + 2.0 * m + 6.0) * DBL_EPSILON * g0 + atol;
 
     for (int step = 0; step < m; ++step)
     {
-        // k* = lowest unselected index whose gain is within tie_atol of the best unselected gain.
         double best = -DBL_MAX;
         for (int k = tid; k < n; k += nthreads)
             if (!p.sel[k])
                 best = fmax(best, p.gain[k]);
-        const double threshold = blk.max(best) - tie_atol;
+        const double cand_threshold = blk.max(best) - margin;
+
+        // Candidates (listed in chg_row, free until the rising rows are listed below): their gains become
+        // fresh double sums sum_i w_i max(0, A_ik - c_i), summed by the whole block in a fixed order.
+        int n_cand = 0;
+        for (int start = 0; start < n; start += nthreads)
+        {
+            const int k = start + tid;
+            const bool cand = k < n && !p.sel[k] && p.gain[k] >= cand_threshold;
+            int chunk_total = 0;
+            const int rank = blk.rank(cand, &chunk_total);
+            if (cand)
+                p.chg_row[n_cand + rank] = k;
+            n_cand += chunk_total;
+        }
+        blk.sync();
+        for (int j = 0; j < n_cand; ++j)
+        {
+            const int k = p.chg_row[j];
+            double part = 0.0;
+            for (int i = tid; i < n; i += nthreads)
+            {
+                const double excess = static_cast<double>(p.A[static_cast<size_t>(i) * n + k]) - p.c[i];
+                if (excess > 0.0)
+                    part += static_cast<double>(p.w[i]) * excess;
+            }
+            const double fresh = blk.sum_d(part);
+            if (tid == 0)
+                p.gain[k] = fresh;
+        }
+        blk.sync();
+
+        // k* = lowest unselected index whose gain is within the tie window of the best unselected gain.
+        best = -DBL_MAX;
+        for (int k = tid; k < n; k += nthreads)
+            if (!p.sel[k])
+                best = fmax(best, p.gain[k]);
+        best = blk.max(best);
+        const double threshold = best - ((n + 1.0) * DBL_EPSILON * fabs(best) + atol);
         int first = INT_MAX;
         for (int k = tid; k < n && first == INT_MAX; k += nthreads)
             if (!p.sel[k] && p.gain[k] >= threshold)
@@ -204,8 +256,8 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
                 const double drop = fmax(0.0, ad - p.chg_old[j]) - fmax(0.0, ad - p.chg_new[j]);
                 delta += static_cast<double>(p.w[p.chg_row[j]]) * drop;
             }
-            // Residue where coverage is exhausted (exact gain 0) stays far below tie_atol, so those
-            // columns tie at "0" and the lowest index wins, as in the reference.
+            // Residue where coverage is exhausted (exact gain 0) is recomputed as a fresh sum before the
+            // next pick (it lies inside the margin), so those columns tie at 0 as in the reference.
             p.gain[k] -= delta;
         }
         for (int j = tid; j < n_changed; j += nthreads)

@@ -19,6 +19,7 @@ struct HostBlock
     int size() const { return 1; }
     void sync() {}
     float sum(float v) { return v; }
+    double sum_d(double v) { return v; }
     void min_max(float&, float&) {}
     double max(double v) { return v; }
     int min_int(int v) { return v; }
@@ -64,6 +65,16 @@ struct ThreadBlock
         sync();
         float out = 0.f;
         for (float x : sh->f)
+            out += x;
+        sync();
+        return out;
+    }
+    double sum_d(double v)
+    {
+        sh->d[t] = v;
+        sync();
+        double out = 0.0;
+        for (double x : sh->d)
             out += x;
         sync();
         return out;

@@ -1,0 +1,210 @@
+"""Run one benchmark on an engine dir for several budgets and methods; resumable.
+
+Layout of the output folder (one folder can collect several tasks):
+
+    OUT/<task>/predictions.jsonl          one line per (sample, budget, method); appended as answers come
+    OUT/<task>/run.json                   engine, data and generation settings (a resume must match them)
+    OUT/<task>/metrics/<budget>_<method>.json   lmms-eval's metrics for that configuration ("full.json")
+    OUT/results.md, OUT/results.json, OUT/accuracy_vs_budget.png   all tasks (coverpruner.evaluation.report)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from coverpruner.evaluation.data import DataError, ImageTable, Sample, find_gqa_images, load_samples, open_image
+from coverpruner.evaluation.files import JsonlAppender, read_jsonl, write_json
+from coverpruner.evaluation.scoring import reference, score_samples
+from coverpruner.evaluation.tasks import TaskSpec
+from coverpruner.runtime import METHODS, GenerationResult, OptionError, PromptError
+
+FULL = "full"
+
+
+def parse_budgets(text: str) -> list:
+    """"full,128,64" -> ["full", 128, 64] (order kept, duplicates dropped); OptionError on anything else."""
+    out = []
+    for item in (p.strip().lower() for p in text.split(",")):
+        if item == FULL:
+            value = FULL
+        else:
+            try:
+                value = int(item)
+            except ValueError:
+                value = 0
+            if value < 1:
+                raise OptionError(f"--budgets: expected 'full' or positive integers, got {item!r}")
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def parse_methods(text: str) -> list[str]:
+    out = [m.strip() for m in text.split(",") if m.strip()]
+    for method in out:
+        if method not in METHODS:
+            raise OptionError(f"--methods: unknown method {method!r}; expected some of {list(METHODS)}")
+    return list(dict.fromkeys(out))
+
+
+def configurations(budgets: list, methods: list[str]) -> list[tuple]:
+    """(budget, method) pairs to run; budget "full" runs once, as method "full" (nothing is pruned)."""
+    return [(FULL, FULL)] * (FULL in budgets) + [(b, m) for b in budgets if b != FULL for m in methods]
+
+
+def metrics_name(budget, method) -> str:
+    return "full.json" if budget == FULL else f"{budget}_{method}.json"
+
+
+@dataclass
+class RunSettings:
+    engine: Path
+    data: Path
+    out: Path
+    budgets: list
+    methods: list
+    limit: int | None = None
+    max_new_tokens: int | None = None  # None: the task's default
+    images: Path | None = None  # GQA images table
+    tau: float | None = None
+    progress: bool = True
+
+
+class Runner:
+    """Generates the missing answers of one task and writes its predictions and metrics.
+
+    pipeline: a loaded ``coverpruner.runtime.Pipeline`` (only ``generate`` is used).
+    """
+
+    def __init__(self, pipeline, task: TaskSpec, settings: RunSettings, warn=None):
+        self.pipe, self.task, self.s = pipeline, task, settings
+        self.dir = Path(settings.out) / task.name
+        self.warn = warn or (lambda line: print(line, file=sys.stderr))
+        self.problems: list[str] = []
+
+    # -- resume bookkeeping ------------------------------------------------------------------------
+    def _check_run_file(self, max_new_tokens: int) -> None:
+        """run.json pins what the predictions came from; a resume with other settings would mix them."""
+        settings = {"task": self.task.name, "engine": str(Path(self.s.engine).resolve()),
+                    "max_new_tokens": max_new_tokens, "tau": self.s.tau, "greedy": True}
+        path = self.dir / "run.json"
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except ValueError:
+                raise DataError(f"{path}: not valid JSON; remove it or use another --out") from None
+            for key, value in settings.items():
+                if old.get(key) != value:
+                    raise OptionError(f"{path}: these predictions were made with {key}={old.get(key)!r}, "
+                                      f"not {value!r}; use another --out")
+        else:
+            write_json(path, settings)
+
+    def _image(self, sample: Sample, gqa_images):
+        if gqa_images is not None:
+            cell = gqa_images.cells.get(str(sample.image))
+            if cell is None:
+                raise ValueError(f"{sample.where}: column 'imageId': {sample.image!r} is not in {gqa_images.path}")
+            return open_image(cell[0], cell[1], sample.where)
+        return open_image(sample.image, sample.base, sample.where)
+
+    def _gqa_images(self, samples):
+        if not samples[0].by_id:
+            return None
+        path = self.s.images or find_gqa_images(self.s.data)
+        if path is None:
+            raise OptionError("gqa: the instructions name images by imageId; give the testdev_balanced_images "
+                              "parquet with --images")
+        return ImageTable(path)
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        """Generate what is missing, then score every configuration; returns the metrics records."""
+        max_new = self.s.max_new_tokens or self.task.max_new_tokens
+        samples, problems = load_samples(self.task, self.s.data, need_image=True, limit=self.s.limit)
+        for line in problems:
+            self._report(line)
+        self._check_run_file(max_new)
+        configs = configurations(self.s.budgets, self.s.methods)
+        pred_path = self.dir / "predictions.jsonl"
+        done = {(r["question_id"], str(r["budget"]), r["method"]) for r in self._predictions(repair=True)}
+        todo = [(s, [c for c in configs if (s.key, str(c[0]), c[1]) not in done]) for s in samples]
+        todo = [(s, cs) for s, cs in todo if cs]
+        total = sum(len(cs) for _, cs in todo)
+        gqa_images = self._gqa_images(samples) if todo else None
+        bar = _progress(total, f"{self.task.name}", self.s.progress)
+        try:
+            with JsonlAppender(pred_path) as out:
+                for sample, cs in todo:
+                    try:
+                        image = self._image(sample, gqa_images)
+                    except ValueError as exc:
+                        self._report(str(exc))
+                        bar.update(len(cs))
+                        continue
+                    prompt = self.task.prompt(sample.doc)
+                    for i, (budget, method) in enumerate(cs):
+                        try:
+                            res = self.pipe.generate(image, prompt, budget=budget,
+                                                     method="coverpruner" if method == FULL else method,
+                                                     tau=self.s.tau, max_new_tokens=max_new, temperature=0.0)
+                        except PromptError as exc:  # this row's prompt does not fit the context
+                            self._report(f"{sample.where}: {exc}")
+                            bar.update(len(cs) - i)
+                            break
+                        out.append(self._record(sample, budget, method, res))
+                        bar.update(1)
+        finally:
+            bar.close()
+        return self.write_metrics(samples, configs)
+
+    def _predictions(self, repair: bool = False) -> list[dict]:
+        try:
+            return read_jsonl(self.dir / "predictions.jsonl", repair=repair)
+        except ValueError as exc:  # a broken line before the last one: not a killed run, a damaged file
+            raise DataError(str(exc)) from None
+
+    def _report(self, line: str) -> None:
+        self.problems.append(line)
+        self.warn(f"coverpruner-eval: skipped: {line}")
+
+    def _record(self, sample: Sample, budget, method: str, res: GenerationResult) -> dict:
+        return {"question_id": sample.key, "prediction": res.text, "answer": reference(self.task, sample.doc),
+                "budget": budget, "method": method, "kept_tokens": int(len(res.kept_indices)),
+                "num_visual_tokens": res.num_visual_tokens, "prompt_tokens": res.prompt_tokens,
+                "prefill_tokens": res.prefill_tokens, "finish_reason": res.finish_reason,
+                "timings": {k: round(float(v), 6) for k, v in res.timings.items()}}
+
+    def write_metrics(self, samples: list[Sample], configs: list[tuple]) -> list[dict]:
+        """Score every configuration from predictions.jsonl; one metrics JSON each (atomic)."""
+        records = self._predictions()
+        out = []
+        for budget, method in configs:
+            rows = [r for r in records if str(r["budget"]) == str(budget) and r["method"] == method]
+            preds = {r["question_id"]: r["prediction"] for r in rows}
+            if not any(s.key in preds for s in samples):
+                continue
+            scored = score_samples(self.task, samples, preds)
+            mine = [r for r in rows if r["question_id"] in {s.key for s in samples}]
+            result = {"task": self.task.name, "budget": budget, "method": method, **scored,
+                      "skipped": list(self.problems),
+                      "num_visual_tokens": mine[0]["num_visual_tokens"],
+                      "mean_kept_tokens": sum(r["kept_tokens"] for r in mine) / len(mine),
+                      "mean_timings_s": _mean_timings(mine)}
+            write_json(self.dir / "metrics" / metrics_name(budget, method), result)
+            out.append(result)
+        return out
+
+
+def _mean_timings(rows: list[dict]) -> dict:
+    keys = rows[0]["timings"].keys()
+    return {k: sum(r["timings"][k] for r in rows) / len(rows) for k in keys}
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="answer", disable=not enabled, dynamic_ncols=True)
