@@ -7,7 +7,8 @@ speed-up over "reference" is measured in the same run. Features are float32 rand
 
     python benchmarks/bench_selector.py            # 3 repeats, median
     python benchmarks/bench_selector.py --quick    # 1 repeat
-Writes benchmarks/results/selector_<host-tag>.json and prints a table.
+Writes benchmarks/results/selector_cpu[_quick].json and .png and prints a table. Every backend other than the
+reference is checked against the reference's indices from the same run (the reference row itself is not a check).
 """
 
 from __future__ import annotations
@@ -86,10 +87,10 @@ def run(repeats: int) -> dict:
                 picks = np.sort(np.asarray(picks))
                 if name == "reference":
                     picks_ref[m] = picks
+                same = None if name == "reference" else bool(np.array_equal(picks, picks_ref[m]))
                 rows.append({"model": label, "n": n, "d": DIM, "budget": m, "backend": name,
                              "similarity_ms": 1e3 * t_sim, "selection_ms": 1e3 * t_sel,
-                             "total_ms": 1e3 * (t_sim + t_sel),
-                             "same_indices_as_reference": bool(np.array_equal(picks, picks_ref[m]))})
+                             "total_ms": 1e3 * (t_sim + t_sel), "same_indices_as_reference": same})
     ref = {(r["n"], r["budget"]): r["selection_ms"] for r in rows if r["backend"] == "reference"}
     for r in rows:
         r["selection_speedup_vs_reference"] = ref[(r["n"], r["budget"])] / r["selection_ms"]
@@ -106,8 +107,39 @@ def checks(rows) -> dict:
         "greedy_speedup_at_least_10x": r["selection_speedup_vs_reference"] >= 10,
         "greedy_over_similarity_n2880_m320": r["selection_over_similarity"],
         "greedy_at_most_half_of_similarity": r["selection_over_similarity"] <= 0.5,
-        "all_backends_same_indices_as_reference": all(x["same_indices_as_reference"] for x in rows),
+        # the reference's own rows hold None: only the other backends are compared with it
+        "all_backends_same_indices_as_reference": all(x["same_indices_as_reference"] for x in rows
+                                                      if x["backend"] != "reference"),
     }
+
+
+def _same(row) -> str:
+    return "(is ref)" if row["same_indices_as_reference"] is None else str(row["same_indices_as_reference"])
+
+
+def plot(rows, path: Path) -> None:
+    """Similarity and greedy times per backend and budget, one panel per shape (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["model"], r["n"]) for r in rows}, key=lambda s: s[1])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4))
+    for ax, (model, n) in zip(np.atleast_1d(axes), shapes):
+        sub = [r for r in rows if r["n"] == n]
+        labels = [f"{r['backend']}\nm={r['budget']}" for r in sub]
+        x = np.arange(len(sub))
+        ax.bar(x - 0.2, [r["similarity_ms"] for r in sub], 0.4, label="similarity (once per image)")
+        ax.bar(x + 0.2, [r["selection_ms"] for r in sub], 0.4, label="greedy selection")
+        ax.set_xticks(x, labels, fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms")
+        ax.set_title(f"{model}: n={n}, d={DIM}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def print_table(rows, check) -> None:
@@ -118,7 +150,7 @@ def print_table(rows, check) -> None:
     for r in rows:
         print(f"{r['model']:<11}{r['n']:>6}{r['budget']:>5} {r['backend']:<10}{r['similarity_ms']:>10.1f}"
               f"{r['selection_ms']:>11.1f}{r['total_ms']:>10.1f}{r['selection_speedup_vs_reference']:>8.1f}"
-              f"{r['selection_over_similarity']:>9.2f}  {r['same_indices_as_reference']}")
+              f"{r['selection_over_similarity']:>9.2f}  {_same(r)}")
     print()
     for k, val in check.items():
         print(f"{k}: {val:.3f}" if isinstance(val, float) else f"{k}: {val}")
@@ -142,7 +174,8 @@ def main(argv=None) -> int:
     out = args.output or Path(__file__).parent / "results" / f"selector_cpu{'_quick' if args.quick else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {out}  ({result['meta']['wall_s']:.0f} s)")
+    plot(result["rows"], out.with_suffix(".png"))
+    print(f"\nwrote {out} and {out.with_suffix('.png').name}  ({result['meta']['wall_s']:.0f} s)")
     return 0
 
 

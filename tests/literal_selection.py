@@ -84,8 +84,8 @@ def divprune_reference(features, budget: int) -> np.ndarray:
         return np.arange(n, dtype=np.int64)
     unit = v / np.maximum(np.sqrt(np.einsum("ij,ij->i", v, v)), 1e-12)[:, None]
     dist = 1.0 - unit @ unit.T
-    nearest_other = np.array([min(dist[i, j] for j in range(n) if j != i) for i in range(n)])
-    picks = [int(np.argmax(nearest_other))]
+    others = dist + np.diag(np.full(n, np.inf))  # a token is not its own neighbour
+    picks = [int(np.argmax(others.min(axis=1)))]
     for _ in range(budget - 1):
         to_picked = dist[:, picks].min(axis=1)
         to_picked[picks] = -np.inf

@@ -13,47 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from tests.literal_selection import coverage_reference as literal_coverage  # literal float64 greedy, exact argmax
+from tests.literal_selection import divprune_reference as literal_divprune
 from tests.qwen.hf_qwen import hf_inputs
-
-
-def literal_coverage(features: np.ndarray, relevance: np.ndarray, m: int, tau: float = 0.3) -> np.ndarray:
-    """CoverPruner by the definition: A = max(0, M - rowmean(M)), w = exp(tau minmax(r)), m greedy picks of
-    argmax_k sum_i w_i max(0, A_ik - c_i); ties (within 1e-6 sum(w)) to the lowest index. float64."""
-    n = features.shape[0]
-    if m >= n:
-        return np.arange(n)
-    v = features.astype(np.float64)
-    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-    sim = v @ v.T
-    a = np.maximum(sim - sim.mean(axis=1, keepdims=True), 0.0)
-    r = relevance.astype(np.float64)
-    w = np.exp(tau * (r - r.min()) / (r.max() - r.min())) if r.max() > r.min() else np.ones(n)
-    cover, chosen = np.zeros(n), []
-    for _ in range(m):
-        gains = (w[:, None] * np.maximum(a - cover[:, None], 0.0)).sum(axis=0)
-        gains[chosen] = -np.inf
-        k = int(np.flatnonzero(gains >= gains.max() - 1e-6 * w.sum())[0])
-        chosen.append(k)
-        cover = np.maximum(cover, a[:, k])
-    return np.sort(np.asarray(chosen))
-
-
-def literal_divprune(features: np.ndarray, m: int) -> np.ndarray:
-    """DivPrune by the definition: first the token whose nearest neighbour (cosine distance) is farthest,
-    then repeatedly the token farthest from its nearest chosen token; lowest index on ties. float64."""
-    n = features.shape[0]
-    if m >= n:
-        return np.arange(n)
-    v = features.astype(np.float64)
-    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
-    d = 1.0 - v @ v.T
-    off = d + np.diag(np.full(n, np.inf))
-    chosen = [int(np.argmax(off.min(axis=1)))]
-    while len(chosen) < m:
-        to_set = d[:, chosen].min(axis=1)
-        to_set[chosen] = -np.inf
-        chosen.append(int(np.argmax(to_set)))
-    return np.sort(np.asarray(chosen))
 
 
 @dataclass

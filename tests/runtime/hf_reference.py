@@ -1,15 +1,15 @@
 """Reference answers built directly on the HF PyTorch model (tests only; imports torch/transformers).
 
-pruned_generate: HF image features -> HF layer-0 attention demand -> the same selector -> pruned
-inputs_embeds with compact positions -> HF generate. Nothing here uses the exported graphs.
+pruned_generate: HF processor -> HF image features -> HF layer-0 attention demand from instruction positions found
+here from the HF tokenizer's own offsets -> the literal float64 greedy / literal DivPrune of
+tests/literal_selection.py -> pruned inputs_embeds with compact positions -> HF generate. Nothing here uses the
+exported graphs, coverpruner.selection or the pipeline's prompt encoder.
 """
 
 import numpy as np
 import torch
 
-from coverpruner.selection import get_selector
-
-USES_RELEVANCE = {"coverpruner", "attention"}
+from ..literal_selection import coverage_reference, divprune_reference
 
 
 def hf_inputs(processor, image, prompt):
@@ -45,22 +45,45 @@ def hf_layer0_relevance(model, inputs_embeds, visual_pos, instr_pos):
     return att[:, instr_pos][:, :, visual_pos].mean(dim=(0, 1)).numpy().astype(np.float32)
 
 
-def pruned_generate(model, processor, image, prompt, budget, method, max_new_tokens, tau=0.3,
-                    visual_pos=None, instr_pos=None):
-    """Returns (new token ids, kept indices, relevance or None)."""
-    inputs, _ = hf_inputs(processor, image, prompt)
+def instruction_positions(processor, text, prompt, input_ids, image_token_id):
+    """Positions in the processor's input_ids [L] (image token expanded to n copies) of the tokens whose character
+    span (HF tokenizer offsets, non-empty) overlaps the user's prompt inside the rendered chat template `text`.
+
+    The rendered text holds one image placeholder; tokenized alone it gives the same ids as input_ids with that
+    one token in place of the n copies (checked), so positions after it shift by n - 1."""
+    enc = processor.tokenizer(text, return_offsets_mapping=True)  # special tokens as the processor adds them
+    ids, offsets = enc["input_ids"], enc["offset_mapping"]
+    start = text.rindex(prompt)  # the user's turn is the last place the prompt appears
+    end = start + len(prompt)
+    native = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+    full = input_ids.tolist()
+    n = full.count(image_token_id)
+    at = ids.index(image_token_id)
+    assert ids.count(image_token_id) == 1 and full == ids[:at] + [image_token_id] * n + ids[at + 1:], \
+        "the processor's input_ids are not the rendered text's tokens with the image token expanded"
+    return np.asarray([i if i < at else i + n - 1 for i in native], dtype=np.int64)
+
+
+def pruned_generate(model, processor, image, prompt, budget, method, max_new_tokens, tau=0.3):
+    """Returns (new token ids, kept indices, relevance or None, instruction positions)."""
+    inputs, text = hf_inputs(processor, image, prompt)
     ids = inputs["input_ids"][0]
     image_id = model.config.image_token_id
     vpos = torch.nonzero(ids == image_id).flatten()
+    instr_pos = instruction_positions(processor, text, prompt, ids, image_id)
     feats = hf_image_features(model, inputs["pixel_values"])  # [n, d]
     with torch.no_grad():
         embeds = model.get_input_embeddings()(ids[None]).clone()
     embeds[0, vpos] = feats.to(embeds.dtype)
     relevance = None
-    if method in USES_RELEVANCE:
-        relevance = hf_layer0_relevance(model, embeds, vpos.numpy(), np.asarray(instr_pos))
-    keep = np.asarray(get_selector(method)(feats.float().numpy(), relevance=relevance, budget=budget, tau=tau),
-                      dtype=np.int64)
+    features = feats.float().numpy()
+    if method == "coverpruner":
+        relevance = hf_layer0_relevance(model, embeds, vpos.numpy(), instr_pos)
+        keep = coverage_reference(features, relevance, budget, tau)
+    elif method == "divprune":
+        keep = divprune_reference(features, budget)
+    else:
+        raise ValueError(f"no literal reference for method {method!r}")
     text_rows = torch.nonzero(ids != image_id).flatten()
     rows = torch.sort(torch.cat([text_rows, vpos[torch.from_numpy(keep)]])).values
     pruned = embeds[:, rows]
@@ -68,4 +91,4 @@ def pruned_generate(model, processor, image, prompt, budget, method, max_new_tok
     with torch.no_grad():  # positions default to 0..L'-1 from the cache: compact
         out = model.generate(inputs_embeds=pruned, attention_mask=mask, max_new_tokens=max_new_tokens,
                              do_sample=False)
-    return out[0].tolist(), keep, relevance
+    return out[0].tolist(), keep, relevance, instr_pos

@@ -1,8 +1,9 @@
 """Pipeline.generate (ONNX graphs, numpy) == references built directly on the HF PyTorch model.
 
 budget full: == HF generate on the unpruned model with the HF processor.
-budgets 64/16, methods coverpruner/divprune: == HF image features -> HF layer-0 attention demand -> the same
-selector -> pruned inputs_embeds with compact positions -> HF generate; kept indices and demand equal too.
+budgets 64/16, methods coverpruner/divprune: == HF image features -> HF layer-0 attention demand (instruction
+positions from the HF tokenizer's offsets) -> the literal float64 greedy / DivPrune written in the tests -> pruned
+inputs_embeds with compact positions -> HF generate; kept indices, instruction positions and demand equal too.
 """
 
 import numpy as np
@@ -44,9 +45,9 @@ def test_pruned_equals_hf_reference(pipe, hf, demo_image, kind, prompt, budget, 
     model, processor = hf
     image = _image(kind, demo_image)
     got = pipe.generate(image, prompt, budget=budget, method=method, max_new_tokens=NEW)
-    enc = pipe.encoder.encode(prompt, pipe.max_visual_tokens)  # LLaVA-1.5: the image span is n rows
-    want, keep, relevance = ref.pruned_generate(model, processor, image, prompt, budget, method, NEW,
-                                                instr_pos=enc.instruction_positions)
+    want, keep, relevance, instr_pos = ref.pruned_generate(model, processor, image, prompt, budget, method, NEW)
+    # LLaVA-1.5: the image span is n rows
+    assert pipe.encoder.encode(prompt, pipe.max_visual_tokens).instruction_positions.tolist() == instr_pos.tolist()
     assert got.kept_indices.tolist() == keep.tolist()
     assert len(keep) == budget and got.prefill_tokens == got.prompt_tokens - pipe.num_visual_tokens + budget
     if method == "coverpruner":

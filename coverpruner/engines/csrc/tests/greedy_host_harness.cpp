@@ -59,26 +59,20 @@ struct ThreadBlock
     int tid() const { return t; }
     int size() const { return n; }
     void sync() { sh->bar.arrive_and_wait(); }
-    float sum(float v)
+    // Every thread folds all slots in thread order: the same sum everywhere, on every run.
+    template <class T>
+    T fold_sum(std::vector<T>& slots, T v)
     {
-        sh->f[t] = v;
+        slots[t] = v;
         sync();
-        float out = 0.f;
-        for (float x : sh->f)
+        T out = 0;
+        for (T x : slots)
             out += x;
         sync();
         return out;
     }
-    double sum_d(double v)
-    {
-        sh->d[t] = v;
-        sync();
-        double out = 0.0;
-        for (double x : sh->d)
-            out += x;
-        sync();
-        return out;
-    }
+    float sum(float v) { return fold_sum(sh->f, v); }
+    double sum_d(double v) { return fold_sum(sh->d, v); }
     void min_max(float& lo, float& hi)
     {
         sh->f[t] = lo;

@@ -1,0 +1,252 @@
+"""coverpruner-serve under load: throughput and p50/p95 latency at concurrency 1/2/4/8, single process
+(uvicorn, 2 workers) vs Ray Serve (2 replicas x 1 worker), on the tiny engine and the shape-real
+LLaVA-1.5-7B engine (random weights, 2 decoder layers), all in one run; plus the server's RSS after 100
+and after 1,000 requests (tiny engine, single process) to show memory stays flat.
+
+Both server modes run 2 pipelines with 1 ORT thread each, so they get the same compute; every request is
+the same image and question at a fixed answer length (``ignore_eos``) and is sent with the official
+openai client from C threads (C = concurrency) over loopback.
+
+    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py             # ~15 min on 2 cores
+    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py --quick     # tiny engine only
+
+The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
+Writes benchmarks/results/serve_<tag>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROOT = Path(__file__).resolve().parents[1]
+CONCURRENCY = (1, 2, 4, 8)
+PROMPT = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
+MODES = {"single": ["--workers", "2"], "ray": ["--ray", "--replicas", "2", "--workers", "1",
+                                              "--ray-cpus-per-replica", "0.5"]}
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list."""
+    s = sorted(xs)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of pid and its children (Ray replicas are not children; single mode only)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+class Server:
+    """coverpruner-serve in a subprocess; ``url``, ``proc``, ``startup_s``."""
+
+    def __init__(self, engine: Path, mode: str, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(engine), "--port", str(self.port),
+               "--threads", "1", "--model-name", "bench", "--max-queue", "64", "--log-level", "warning", *MODES[mode]]
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}); see {log}")
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() - t0 > 600:
+                    raise RuntimeError(f"server not healthy after 600 s; see {log}") from None
+                time.sleep(0.5)
+        self.startup_s = time.monotonic() - t0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(180)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def make_client(url: str):
+    import openai
+
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def one_request(client, image_url: str, budget, new_tokens: int) -> tuple[float, str]:
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_url}},
+                                         {"type": "text", "text": PROMPT}]}]
+    t0 = time.perf_counter()
+    r = client.chat.completions.create(model="bench", messages=msgs, max_tokens=new_tokens,
+                                       extra_body={"budget": budget, "ignore_eos": True})
+    return time.perf_counter() - t0, r.choices[0].message.content
+
+
+def load_level(client, image_url, budget, new_tokens, concurrency: int, requests: int) -> dict:
+    """`requests` requests from `concurrency` threads -> throughput and latency percentiles."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as ex:
+        out = list(ex.map(lambda _: one_request(client, image_url, budget, new_tokens), range(requests)))
+    wall = time.perf_counter() - t0
+    lat = [x[0] for x in out]
+    return {"concurrency": concurrency, "requests": requests, "wall_s": wall, "throughput_rps": requests / wall,
+            "tokens_per_s": requests * new_tokens / wall, "p50_s": percentile(lat, 50), "p95_s": percentile(lat, 95),
+            "mean_s": statistics.fmean(lat), "distinct_answers": len({x[1] for x in out})}
+
+
+def bench_engine(name: str, engine: Path, spec: dict, image_url: str, logs: Path, rss: bool) -> dict:
+    res = {"engine": str(engine), **spec, "modes": {}}
+    for mode in MODES:
+        print(f"[{name}] starting {mode} server", flush=True)
+        server = Server(engine, mode, logs / f"{name}_{mode}.log")
+        try:
+            client = make_client(server.url)
+            for _ in range(2):  # warm-up: ORT arenas, first-run kernel choice, both workers/replicas
+                one_request(client, image_url, spec["budget"], spec["new_tokens"])
+            levels = []
+            for c in CONCURRENCY:
+                n = max(spec["requests"], 2 * c)
+                lvl = load_level(client, image_url, spec["budget"], spec["new_tokens"], c, n)
+                print(f"[{name}] {mode:6s} c={c}: {lvl['throughput_rps']:7.2f} req/s  p50 {lvl['p50_s'] * 1e3:8.1f} ms"
+                      f"  p95 {lvl['p95_s'] * 1e3:8.1f} ms  ({n} requests)", flush=True)
+                levels.append(lvl)
+            entry = {"startup_s": server.startup_s, "levels": levels}
+            if rss and mode == "single":
+                entry["rss"] = rss_curve(server, client, image_url, spec)
+            res["modes"][mode] = entry
+        finally:
+            server.stop()
+    return res
+
+
+def rss_curve(server: Server, client, image_url: str, spec: dict, marks=(100, 1000)) -> dict:
+    """Server RSS (MiB) after 100 and 1,000 requests counted from a fresh start of this phase."""
+    out, done = {}, 0
+    for mark in marks:
+        with ThreadPoolExecutor(4) as ex:
+            list(ex.map(lambda _: one_request(client, image_url, spec["budget"], spec["new_tokens"]),
+                        range(mark - done)))
+        done = mark
+        out[str(mark)] = rss_mib(server.proc.pid)
+        print(f"RSS after {mark} requests: {out[str(mark)]:.1f} MiB", flush=True)
+    out["growth_ratio"] = out[str(marks[-1])] / out[str(marks[0])]
+    return out
+
+
+def plot(path: Path, results: dict, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = list(results)
+    fig, axes = plt.subplots(2, len(engines), figsize=(6 * len(engines), 8), squeeze=False)
+    for j, name in enumerate(engines):
+        for k, (mode, entry) in enumerate(results[name]["modes"].items()):
+            cs = [lv["concurrency"] for lv in entry["levels"]]
+            color = f"C{k}"  # one colour per server mode; p95 dashed
+            axes[0][j].plot(cs, [lv["throughput_rps"] for lv in entry["levels"]], "o-", color=color, label=mode)
+            axes[1][j].plot(cs, [lv["p50_s"] * 1e3 for lv in entry["levels"]], "o-", color=color, label=f"{mode} p50")
+            axes[1][j].plot(cs, [lv["p95_s"] * 1e3 for lv in entry["levels"]], "s--", color=color,
+                            label=f"{mode} p95")
+        axes[0][j].set_title(f"{name}: throughput")
+        axes[0][j].set_ylabel("requests / s")
+        axes[1][j].set_title(f"{name}: latency")
+        axes[1][j].set_ylabel("ms")
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(CONCURRENCY, [str(c) for c in CONCURRENCY])
+            ax.set_xlabel("concurrent clients")
+            ax.grid(alpha=0.3)
+            ax.legend()
+        rss = results[name]["modes"].get("single", {}).get("rss")
+        if rss:
+            axes[0][j].text(0.02, 0.02, f"RSS after 100 / 1000 requests: {rss['100']:.0f} / {rss['1000']:.0f} MiB",
+                            transform=axes[0][j].transAxes, fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def plot_title() -> str:
+    return (f"coverpruner-serve, single process (2 workers) vs Ray Serve (2 replicas), {os.cpu_count()} CPUs, "
+            "fixed answer length")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/coverpruner-bench-serve"),
+                   help="where the checkpoints and engine dirs are built and reused")
+    p.add_argument("--quick", action="store_true", help="tiny engine only, fewer requests, no RSS run")
+    p.add_argument("--tiny-requests", type=int, default=40, help="requests per concurrency level, tiny engine")
+    p.add_argument("--real-requests", type=int, default=8, help="requests per concurrency level, 7B engine")
+    p.add_argument("--tag", default=None)
+    args = p.parse_args(argv)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    from coverpruner.demo import prepare as prepare_tiny
+
+    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+    engines = {"tiny": (prepare_tiny(args.workdir), dict(budget=16, new_tokens=16, visual_tokens=144,
+                                                         requests=8 if args.quick else args.tiny_requests))}
+    if not args.quick:
+        from bench_pipeline import prepare as prepare_real
+
+        engines["llava-1.5-7b-2l"] = (prepare_real(args.workdir, 2, "fp32"),
+                                      dict(budget=64, new_tokens=8, visual_tokens=576, requests=args.real_requests))
+    logs = args.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    results = {name: bench_engine(name, eng, spec, image_url, logs, rss=not args.quick and name == "tiny")
+               for name, (eng, spec) in engines.items()}
+    for name, r in results.items():
+        s, ray = r["modes"]["single"]["levels"], r["modes"]["ray"]["levels"]
+        r["ray_over_single_throughput"] = {str(a["concurrency"]): b["throughput_rps"] / a["throughput_rps"]
+                                           for a, b in zip(s, ray)}
+    import onnxruntime
+
+    tag = args.tag or ("quick" if args.quick else "cpu")
+    out = ROOT / "benchmarks" / "results" / f"serve_{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "serve", "command": "flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py "
+                                         + " ".join(argv if argv is not None else sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__,
+                    "python": platform.python_version()},
+        "setup": {"single": "uvicorn, 1 process, 2 workers x 1 ORT thread",
+                  "ray": "Ray Serve, 2 replicas x 1 worker x 1 ORT thread, local Ray"},
+        "latency_unit": "seconds", "results": results}, indent=2))
+    plot(out.with_suffix(".png"), results, plot_title())
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""The OpenAI-compatible FastAPI app: POST /v1/chat/completions, GET /v1/models, /health, /metrics.
+
+``create_app(config)`` loads ``config.workers`` pipelines and returns the app; the same app runs under
+uvicorn (``coverpruner-serve``) and inside each Ray Serve replica (``serving.ray_app``). Answers equal
+``Pipeline.generate`` with the same image, prompt and options: the request is translated to
+``Pipeline.stream`` arguments and the text pieces are passed on unchanged (cut only at a ``stop``
+string).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coverpruner.runtime import Pipeline
+from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError
+from coverpruner.serving.errors import APIError, bad_request
+from coverpruner.serving.metrics import ServerMetrics
+from coverpruner.serving.request import GenerationRequest, build_request, option_param, pipeline_options
+from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+                                        Choice, ChunkChoice, Delta, Usage)
+from coverpruner.serving.stop import StopMatcher
+from coverpruner.serving.workers import Job, QueueFull, WorkerPool
+
+log = logging.getLogger("coverpruner.serving")
+
+#: Pipeline finish reasons -> OpenAI's
+_FINISH = {"eos": "stop", "length": "length", "context": "length"}
+#: How often a waiting request checks whether its client is still connected (seconds).
+_DISCONNECT_POLL_S = 0.25
+
+
+@dataclass
+class ServerConfig:
+    """Everything a server process (or Ray replica) needs to build its pipelines and app."""
+
+    engine_dir: str
+    workers: int = 1
+    provider: str = "cpu"
+    threads: int | None = None  # ORT intra-op threads per pipeline (None: cores // workers)
+    max_queue: int = 16
+    model_name: str | None = None  # default: the engine dir's name
+    allow_local_files: bool = False
+    allow_remote_images: bool = False
+    selector: str = "auto"
+    budget: int | str | None = None  # default budget when a request has none (None: the manifest's)
+    method: str | None = None  # default method when a request has none (None: the manifest's)
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or Path(self.engine_dir).resolve().name
+
+
+class ServerState:
+    """The pipelines, their worker pool and metrics of one server process."""
+
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
+        self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
+                                        selector=config.selector) for _ in range(config.workers)]
+        self.defaults = dict(self.pipelines[0].manifest.defaults)
+        self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
+        self.model_name = config.served_name
+        self.options = pipeline_options(self.pipelines[0])  # extra body fields: pipeline + family options
+        self.created = int(time.time())
+        self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
+        self.metrics = ServerMetrics(self.pool)
+
+    def _finished(self, job: Job, outcome: str) -> None:
+        if outcome == "cancelled":
+            self.metrics.requests.labels("cancelled").inc()
+
+    def error(self, exc: APIError) -> JSONResponse:
+        outcome = "rejected" if exc.status == 503 else "client_error" if exc.status < 500 else "server_error"
+        self.metrics.requests.labels(outcome).inc()
+        self.metrics.errors.labels(exc.code or exc.type).inc()
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    """Load the pipelines of ``config`` and return the FastAPI app serving them."""
+    state = ServerState(config)
+    app = FastAPI(title="CoverPruner", description="OpenAI-compatible VLM server with visual-token pruning")
+    app.state.server = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError):
+        return state.error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        return JSONResponse(APIError(exc.status_code, str(exc.detail), None, "not_found" if exc.status_code == 404
+                                     else None).body(), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": state.model_name, "pid": os.getpid(), "workers": state.pool.workers,
+                "running": state.pool.running, "queued": state.pool.queued}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @app.get("/v1/models/{model}")
+    async def model(model: str):
+        if model != state.model_name:
+            raise _unknown_model(model, state, param=None)
+        return _model_card(state)
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = await _parse(request)
+        if req.model != state.model_name:
+            raise _unknown_model(req.model, state)
+        gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
+                                      config.allow_remote_images, state.options)
+        try:  # Pipeline.stream checks every option at the call, before any work (the generator is not started)
+            state.pipelines[0].stream(gen.image, gen.prompt, **gen.options)
+        except CoverPrunerError as exc:
+            raise _api_error_from(exc, gen) from None
+        job = Job(gen.image, gen.prompt, gen.options, asyncio.get_running_loop())
+        try:
+            state.pool.submit(job)
+        except QueueFull as exc:
+            raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
+        watcher = asyncio.create_task(_watch_disconnect(job, request))
+        streaming = False
+        try:
+            first = await job.events.get()
+            if first[0] == "error":
+                raise _api_error_from(first[1], gen)
+            if first[0] == "cancelled":
+                return Response(status_code=499)  # nobody is listening
+            meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
+            if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
+                streaming = True
+                # background: also runs when the client left before the body started (then _sse never ran)
+                return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
+            return await _complete(state, job, gen, first, meta)
+        finally:
+            watcher.cancel()
+            if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
+                job.cancel()
+
+    return app
+
+
+# -- request parsing ------------------------------------------------------------------------------
+
+async def _parse(request: Request) -> ChatCompletionRequest:
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", None, "invalid_json")
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        err = max(exc.errors(), key=lambda e: len(_clean_loc(e["loc"])))
+        param = _format_loc(_clean_loc(err["loc"]))
+        raise bad_request(f"{param}: {err['msg']}", param) from None
+
+
+def _clean_loc(loc) -> list:
+    """pydantic error location without the union-member labels ('str', 'list[...]', ...)."""
+    return [x for x in loc if isinstance(x, int) or not (("[" in x) or x in ("str", "int", "float", "bool", "none"))]
+
+
+def _format_loc(loc) -> str:
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else x)
+    return out
+
+
+def _unknown_model(name: str, state: ServerState, param: str | None = "model") -> APIError:
+    return APIError(404, f"model {name!r} does not exist; this server serves {state.model_name!r}", param,
+                    "model_not_found")
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "coverpruner"}
+
+
+def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
+    """A pipeline exception -> APIError naming the field (4xx for bad input, 500 otherwise)."""
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, OptionError):
+        return bad_request(msg, option_param(msg, gen.options))
+    if isinstance(exc, PromptError):
+        code = "context_length_exceeded" if "context" in msg else "invalid_prompt"
+        return bad_request(msg, "messages", code)
+    if isinstance(exc, ImageError):
+        return bad_request(msg, gen.image_param, "invalid_image")
+    if isinstance(exc, APIError):
+        return exc
+    return APIError(500, f"internal error: {type(exc).__name__}: {msg}", None, "internal_error")
+
+
+# -- responses ------------------------------------------------------------------------------------
+
+@dataclass
+class _Meta:
+    id: str
+    created: int
+    model: str
+
+
+async def _watch_disconnect(job: Job, request: Request) -> None:
+    """Cancel ``job`` once the client has gone (checked every _DISCONNECT_POLL_S); run as a task."""
+    while True:
+        try:
+            gone = await request.is_disconnected()
+        except Exception:  # an ASGI server that cannot tell: the job then runs to its end
+            return
+        if gone:
+            job.cancel()
+            return
+        await asyncio.sleep(_DISCONNECT_POLL_S)
+
+
+def _usage(result) -> Usage:
+    done = len(result.token_ids)
+    return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=done,
+                 total_tokens=result.prompt_tokens + done, prefill_tokens=result.prefill_tokens)
+
+
+def _coverpruner(result) -> dict:
+    return {"kept_indices": [int(i) for i in result.kept_indices], "n": int(result.num_visual_tokens),
+            "kept_tokens": int(len(result.kept_indices)), "budget": result.budget, "method": result.method,
+            "finish_reason": result.finish_reason,
+            "timings_ms": {k: round(float(v), 3) for k, v in result.timings_ms.items()}}
+
+
+def _finish_reason(result, matcher: StopMatcher) -> str:
+    return "stop" if matcher.stopped else _FINISH.get(result.finish_reason, result.finish_reason)
+
+
+async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
+    matcher, text = StopMatcher(gen.stop), []
+    while event[0] == "piece":
+        text.append(matcher.push(event[1])[0])
+        event = await job.events.get()
+    kind, value = event
+    if kind == "error":
+        raise _api_error_from(value, gen)
+    if kind == "cancelled":
+        return Response(status_code=499)
+    text.append(matcher.flush())
+    state.metrics.requests.labels("ok").inc()
+    state.metrics.observe_result(value)
+    body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model,
+                          choices=[Choice(message=AssistantMessage(content="".join(text)),
+                                          finish_reason=_finish_reason(value, matcher))],
+                          usage=_usage(value), coverpruner=_coverpruner(value))
+    return JSONResponse(body.model_dump())
+
+
+def _sse_data(obj) -> str:
+    payload = obj.model_dump_json(exclude_none=False) if hasattr(obj, "model_dump_json") else json.dumps(obj)
+    return f"data: {payload}\n\n"
+
+
+async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
+    """OpenAI chunk stream: role chunk, content chunks, a finish chunk (with the coverpruner object),
+    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream is an error event."""
+
+    def chunk(delta: Delta, finish=None, **extra) -> str:
+        return _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
+                                             choices=[ChunkChoice(delta=delta, finish_reason=finish)], **extra))
+
+    matcher = StopMatcher(gen.stop)
+    try:
+        yield chunk(Delta(role="assistant", content=""))
+        while True:
+            kind, value = event
+            if kind == "piece":
+                piece, _ = matcher.push(value)
+                if piece:
+                    yield chunk(Delta(content=piece))
+            elif kind == "done":
+                tail = matcher.flush()
+                if tail:
+                    yield chunk(Delta(content=tail))
+                state.metrics.requests.labels("ok").inc()
+                state.metrics.observe_result(value)
+                yield chunk(Delta(), _finish_reason(value, matcher), coverpruner=_coverpruner(value))
+                if gen.include_usage:
+                    yield _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
+                                                        choices=[], usage=_usage(value)))
+                break
+            elif kind == "error":
+                err = _api_error_from(value, gen)
+                state.metrics.requests.labels("client_error" if err.status < 500 else "server_error").inc()
+                state.metrics.errors.labels(err.code or err.type).inc()
+                yield f"data: {json.dumps(err.body())}\n\n"
+                break
+            else:  # cancelled
+                break
+            event = await job.events.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # no-op once finished; stops the worker when the client went away mid-stream

@@ -1,0 +1,153 @@
+"""coverpruner-serve: an OpenAI-compatible HTTP server for an engine dir, on uvicorn or Ray Serve.
+
+    coverpruner-serve ENGINE_DIR [--host 127.0.0.1] [--port 8000] [--workers N] [--provider cpu|cuda|tensorrt]
+                      [--max-queue Q] [--model-name NAME] [--budget N|full] [--method NAME]
+                      [--allow-local-files] [--allow-remote-images]
+                      [--ray --replicas K [--ray-address ADDR]]
+
+Exit codes: 0 after a clean stop, 2 bad arguments or engine dir (one line on stderr), 1 unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from coverpruner.engines.ort import PROVIDERS
+from coverpruner.runtime.errors import CoverPrunerError
+from coverpruner.runtime.pipeline import METHODS, parse_budget
+
+PROG = "coverpruner-serve"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse's default also prints the usage block)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+class UsageError(Exception):
+    """A bad combination of arguments; printed as one line, exit 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("engine_dir", metavar="ENGINE_DIR", help="engine dir written by coverpruner-export")
+    http = p.add_argument_group("http")
+    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    http.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    http.add_argument("--model-name", default=None, help="model id clients send (default: the engine dir's name)")
+    http.add_argument("--allow-local-files", action="store_true",
+                      help="accept local image paths / file:// URLs (only for trusted clients)")
+    http.add_argument("--allow-remote-images", action="store_true", help="fetch http(s):// image URLs")
+    prune = p.add_argument_group("pruning defaults (a request's own budget / method fields win)")
+    prune.add_argument("--budget", default=None,
+                       help="visual tokens to keep, or 'full' (default: the manifest's); for harnesses that cannot "
+                            "send extra body fields")
+    prune.add_argument("--method", default=None, help=f"selection method, one of {', '.join(METHODS)} "
+                                                      "(default: the manifest's)")
+    eng = p.add_argument_group("engine")
+    eng.add_argument("--workers", type=int, default=1, help="pipelines per process, one request each (default 1)")
+    eng.add_argument("--max-queue", type=int, default=16,
+                     help="requests that may wait for a worker; more get 503 at once (default 16)")
+    eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
+    eng.add_argument("--threads", type=int, default=None, help="intra-op threads per pipeline (default cores/workers)")
+    eng.add_argument("--selector", choices=("auto", "onnx", "numpy"), default="auto",
+                     help="how the coverpruner method runs (see coverpruner-run --help)")
+    ray = p.add_argument_group("ray serve (extra serve-ray)")
+    ray.add_argument("--ray", action="store_true", help="serve on Ray Serve instead of a single uvicorn process")
+    ray.add_argument("--replicas", type=int, default=None, help="Ray Serve replicas, each with --workers pipelines")
+    ray.add_argument("--ray-address", default=None,
+                     help="existing Ray cluster (e.g. ray://head:10001 or auto); default: start a local one")
+    ray.add_argument("--ray-cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    return p
+
+
+def check_args(args) -> None:
+    """Raise UsageError for values argparse's types cannot catch."""
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.max_queue < 0:
+        raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.provider not in PROVIDERS:
+        raise UsageError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
+    if args.budget is not None:
+        parse_budget(args.budget)  # OptionError -> one line, exit 2
+    if args.method is not None and args.method not in METHODS:
+        raise UsageError(f"unknown method {args.method!r}; expected one of {list(METHODS)}")
+    if not args.ray and (args.replicas is not None or args.ray_address is not None):
+        raise UsageError("--replicas and --ray-address need --ray")
+    if args.replicas is not None and args.replicas < 1:
+        raise UsageError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.ray_cpus_per_replica < 0:
+        raise UsageError(f"--ray-cpus-per-replica must be >= 0, got {args.ray_cpus_per_replica}")
+
+
+def _config(args):
+    from coverpruner.serving.app import ServerConfig
+
+    return ServerConfig(args.engine_dir, workers=args.workers, provider=args.provider, threads=args.threads,
+                        max_queue=args.max_queue, model_name=args.model_name,
+                        allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
+                        selector=args.selector, budget=args.budget, method=args.method)
+
+
+def _require(module: str, extra: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UsageError(f"{module} is not installed; pip install 'coverpruner[{extra}]'")
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
+
+
+def run(args) -> int:
+    check_args(args)
+    for module in ("fastapi", "uvicorn", "prometheus_client"):
+        _require(module, "serve")
+    if not (Path(args.engine_dir) / "manifest.json").is_file():  # fail before Ray starts; Pipeline.load checks the rest
+        raise UsageError(f"{args.engine_dir}: not an engine dir (no manifest.json)")
+    config = _config(args)
+    # SIGTERM (docker stop, kill) stops as cleanly as Ctrl-C, and Ctrl-C works also when the shell started us
+    # with SIGINT ignored; uvicorn re-raises the signal it caught after its graceful shutdown, which lands here
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    if args.ray:
+        _require("ray", "serve-ray")
+        from coverpruner.serving import ray_app
+
+        ray_app.run(config, args.replicas or 1, args.host, args.port, args.ray_address, args.ray_cpus_per_replica)
+        return 0
+    import uvicorn
+
+    from coverpruner.serving.app import create_app
+
+    app = create_app(config)
+    print(f"{PROG}: serving {config.served_name!r} on http://{args.host}:{args.port}/v1 "
+          f"({args.workers} worker(s), queue {args.max_queue})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except (CoverPrunerError, UsageError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""N pipelines behind a bounded queue, each generation in a worker thread, cancellable per token.
+
+Every worker thread owns one ``Pipeline`` (its KV-cache buffers are per instance). ``submit`` admits a
+request only while fewer than ``workers + max_queue`` are admitted, so a full server answers 503 at
+once instead of letting latency grow without bound. A request's events (text pieces, then the
+GenerationResult or an error) reach the event loop through an asyncio queue; ``cancel()`` (a client
+that went away, a stop string) makes the worker stop pulling tokens after the current one and free
+its pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from coverpruner.runtime.errors import CoverPrunerError
+
+log = logging.getLogger("coverpruner.serving")
+
+
+class QueueFull(Exception):
+    """Raised by submit when workers + max_queue requests are already admitted."""
+
+
+class Job:
+    """One admitted request. Events on ``events``: ("piece", str), ("done", GenerationResult),
+    ("error", exception) or ("cancelled", None) — the last one always ends the job."""
+
+    def __init__(self, image, prompt: str, options: dict, loop: asyncio.AbstractEventLoop):
+        self.image, self.prompt, self.options = image, prompt, options
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def emit(self, kind: str, value) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            self.cancel()
+
+
+class WorkerPool:
+    """pipelines: one Pipeline per worker thread; max_queue: admitted requests that may wait."""
+
+    def __init__(self, pipelines: list, max_queue: int, on_finish=None):
+        if not pipelines:
+            raise ValueError("WorkerPool needs at least one pipeline")
+        self.workers = len(pipelines)
+        self.max_queue = max_queue
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for p in pipelines:
+            self._free.put(p)
+        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="coverpruner-worker")
+        self._lock = threading.Lock()
+        self.admitted = 0
+        self.running = 0
+        self._on_finish = on_finish  # called in the worker with (job, outcome) when a job ends
+        self._ids = itertools.count()
+
+    @property
+    def queued(self) -> int:
+        return self.admitted - self.running
+
+    def submit(self, job: Job) -> None:
+        with self._lock:
+            if self.admitted >= self.workers + self.max_queue:
+                raise QueueFull(f"{self.admitted} requests in progress or queued "
+                                f"({self.workers} workers, queue {self.max_queue})")
+            self.admitted += 1
+        self._executor.submit(self._work, job)
+
+    def _work(self, job: Job) -> None:
+        pipe = self._free.get()
+        with self._lock:
+            self.running += 1
+        outcome = "cancelled"
+        pieces = None
+        try:
+            if job.cancelled:  # gave up while queued
+                return
+            stream = pipe.stream(job.image, job.prompt, **job.options)
+            pieces = iter(stream)
+            for piece in pieces:
+                if job.cancelled:
+                    break
+                job.emit("piece", piece)
+            else:
+                outcome = "done"
+                job.emit("done", stream.result)
+        except Exception as exc:  # CoverPrunerError for bad input; anything else is a server error
+            outcome = "error"
+            if not isinstance(exc, CoverPrunerError):
+                log.exception("generation failed")
+            job.emit("error", exc)
+        finally:
+            if pieces is not None:
+                pieces.close()
+            if outcome == "cancelled":
+                job.emit("cancelled", None)
+            self._free.put(pipe)
+            with self._lock:
+                self.running -= 1
+                self.admitted -= 1
+            if self._on_finish is not None:
+                self._on_finish(job, outcome)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
