@@ -346,4 +346,5 @@ def graph_spec(manifest: Manifest, name: str) -> GraphSpec:
 def describe(manifest: Manifest) -> dict[str, Any]:
     """A short summary dict (family, precision, dims, visual) for logs and --json output."""
     return {"family": manifest.family, "precision": manifest.precision,
+            "quantization": manifest.raw.get("quantization"),
             "source_model": manifest.raw.get("source_model"), "dims": manifest.dims, "visual": manifest.visual}

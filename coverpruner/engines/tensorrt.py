@@ -315,6 +315,11 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
     if unknown:
         raise TensorRTBuildError(f"graphs {unknown} are not in {engine_dir / 'manifest.json'} "
                                  f"(it has {sorted(manifest['graphs'])})")
+    quant = manifest.get("quantization") or {}
+    if quant.get("format") == "ort" and set(quant.get("graphs", {})) & set(graphs):
+        raise TensorRTBuildError(f"{engine_dir / 'manifest.json'}: graphs {sorted(quant['graphs'])} are quantized "
+                                 "in the ONNX Runtime form (com.microsoft MatMulNBits), which TensorRT cannot parse; "
+                                 "quantize with --quant-format qdq for TensorRT")
     plugin_form = manifest.get("selector_form") == "plugin" and "selector" in graphs
     if plugin_form and options.plugin is None:
         raise TensorRTBuildError("selector.onnx is the plugin form (manifest selector_form = 'plugin'): pass "

@@ -1,6 +1,8 @@
 """coverpruner-export: checkpoint (alias, HF id in the local cache, or directory) -> engine dir.
 
 Exit codes: 0 done; 2 model not available locally or bad arguments; 1 export failed (message names the graph).
+With --quantize the exported (or, without --model, the existing) dir is then quantized weight-only
+(coverpruner/export/quant); a bad quantization option is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coverpruner-export",
                                 description="Export a VLM checkpoint to ONNX graphs + manifest.json (offline).")
     src = p.add_argument_group("source and destination")
-    src.add_argument("--model", required=True,
+    src.add_argument("--model", default=None,
                      help="alias (llava-1.5-7b, llava-1.5-13b), Hugging Face repo id (must be in the local HF "
-                          "cache) or a local checkpoint directory")
+                          "cache) or a local checkpoint directory; required unless --quantize only quantizes DIR")
     src.add_argument("--output", required=True, type=Path, help="engine directory to write (created if needed)")
     g = p.add_argument_group("graphs")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
@@ -47,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="selector graph form: standard ops with Loop (portable) or a TensorRT plugin node")
     g.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights in <graph>.onnx.data: auto = graphs above 1 GiB")
+    q = p.add_argument_group("weight-only quantization (after export; without --model: of the existing DIR)")
+    q.add_argument("--quantize", metavar="int4|int8", default=None,
+                   help="quantize MatMul weights block-wise to int4 or int8 (activations keep --dtype)")
+    q.add_argument("--quant-format", metavar="ort|qdq", default="ort",
+                   help="ort: onnxruntime MatMulNBits (default); qdq: DequantizeLinear + MatMul for TensorRT")
+    q.add_argument("--block-size", type=int, metavar="32|64|128", default=32, help="weights per scale (default 32)")
+    q.add_argument("--quantize-graphs", default="decoder", metavar="decoder[,vision,probe,embed]",
+                   help="graphs to quantize (default decoder)")
+    q.add_argument("--accuracy-level", type=int, default=None,
+                   help="MatMulNBits compute type (ort form): 0 input type, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
+                        "(default 4: ORT's CPU has no fast 8-bit kernel otherwise)")
+    q.add_argument("--keep-lm-head-float", action="store_true", help="leave the decoder's lm_head unquantized")
     fam = p.add_argument_group("model family")
     fam.add_argument("--option", type=_option, action="append", default=[], metavar="NAME=VALUE",
                      help="default of one of the family's request options, recorded in the manifest (e.g. "
@@ -55,14 +69,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _quant_options(args):
+    """QuantOptions from the CLI, validated (QuantizeError on bad values), or None without --quantize."""
+    if args.quantize is None:
+        return None
+    from coverpruner.export.quant import QuantOptions
+
+    graphs = tuple(g.strip() for g in args.quantize_graphs.split(",") if g.strip())
+    opts = QuantOptions(dtype=args.quantize, form=args.quant_format, block_size=args.block_size, graphs=graphs,
+                        lm_head=not args.keep_lm_head_float, accuracy_level=args.accuracy_level)
+    opts.validate()
+    return opts
+
+
+def _check_quantized_kept(output: Path, exported: tuple[str, ...]) -> None:
+    """A partial re-export must not keep quantized graphs of DIR while dropping their manifest record."""
+    from coverpruner.export.manifest import read_manifest
+    from coverpruner.export.quant import QuantizeError
+
+    previous = read_manifest(output) or {}
+    kept = sorted(set(previous.get("quantization", {}).get("graphs", {})) - set(exported))
+    if kept:
+        raise QuantizeError(f"{output}/manifest.json: graphs {kept} are quantized; re-export them too (--graphs) "
+                            "or export into a fresh directory")
+
+
+def _quantize(output: Path, opts, progress: bool) -> None:
+    from coverpruner.export.quant import quantize_engine_dir
+
+    res = quantize_engine_dir(output, opts, progress=progress)
+    sizes = ", ".join(f"{g} {res.removed_bytes[g] / 2**20:.1f} -> {res.written_bytes[g] / 2**20:.1f} MiB"
+                      for g in res.written_bytes)
+    print(f"quantized {opts.dtype} ({opts.form} form, block {opts.block_size}) in {output}: {sizes}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.opset < 17:
         print(f"coverpruner-export: --opset must be >= 17, got {args.opset}", file=sys.stderr)
         return 2
+    from coverpruner.export.quant import QuantizeError
+
     try:
+        quant = _quant_options(args)
+        if args.model is None:
+            if quant is None:
+                raise QuantizeError("--model is required (only --quantize works on an existing --output dir)")
+            _quantize(args.output, quant, not args.no_progress)
+            return 0
+        _check_quantized_kept(args.output, args.graphs)
         model_dir, source = resolve_model(args.model)
-    except MissingModelError as exc:
+    except (MissingModelError, QuantizeError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
     from coverpruner.export.exporter import OptionValueError, export_model
@@ -81,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     print(f"wrote {', '.join(result.manifest['graphs'])} to {result.output} ({timing})")
+    if quant is not None:
+        try:
+            _quantize(args.output, quant, not args.no_progress)
+        except QuantizeError as exc:
+            print(f"coverpruner-export: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -64,6 +64,14 @@ def _format_timings(result) -> str:
               f"/{result.num_visual_tokens} visual tokens, prefill {result.prefill_tokens} tokens")
 
 
+def engine_precision(manifest) -> dict:
+    """What --json reports about the engine dir's numbers: activation precision, weight precision and the
+    manifest's weight-only quantization record (None for float weights)."""
+    quant = manifest.raw.get("quantization")
+    return {"precision": manifest.precision, "weights": quant["dtype"] if quant else manifest.precision,
+            "quantization": quant}
+
+
 def run(args) -> int:
     from coverpruner.runtime.pipeline import Pipeline
 
@@ -88,7 +96,7 @@ def run(args) -> int:
 
         save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, indent=2))
     else:
         print("" if args.stream else result.text)
         print(_format_timings(result), file=sys.stderr)

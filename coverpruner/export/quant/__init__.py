@@ -1,0 +1,17 @@
+"""Weight-only INT4/INT8 quantization of an engine dir: ONNX Runtime form (MatMulNBits) and TensorRT form
+(block-wise DequantizeLinear + MatMul). See engine_dir.py and docs/quantization.md."""
+
+from coverpruner.export.quant.engine_dir import (
+    BLOCK_SIZES,
+    DTYPES,
+    FORMATS,
+    QUANT_GRAPHS,
+    QuantizeError,
+    QuantOptions,
+    QuantResult,
+    quantize_engine_dir,
+    quantized_ops,
+)
+
+__all__ = ["BLOCK_SIZES", "DTYPES", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
+           "quantize_engine_dir", "quantized_ops"]
