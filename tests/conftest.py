@@ -28,3 +28,11 @@ def tiny_export(tiny_checkpoint, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_export")
     export_model(tiny_checkpoint, out, "tiny", ExportOptions(dtype="fp32", progress=False))
     return out
+
+
+@pytest.fixture(scope="session")
+def trt_rtx():
+    """TensorRT-RTX (builds engines without a GPU); skips with what to install when it is missing."""
+    from tests.trt_plans import load_trt_rtx
+
+    return load_trt_rtx()

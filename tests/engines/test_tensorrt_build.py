@@ -15,21 +15,13 @@ from coverpruner.engines.build_cli import main as build_main
 from coverpruner.engines.tensorrt import (
     BuildOptions,
     TensorRTBuildError,
-    TrtModule,
     build_engine_dir,
     detect_compute_capability,
-    load_tensorrt,
 )
 
+from tests.trt_plans import is_trt_rtx_plan
+
 pytestmark = pytest.mark.tensorrt
-
-
-@pytest.fixture(scope="module")
-def trt_rtx() -> TrtModule:
-    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX python bindings are not installed "
-                                               "(pip install tensorrt-rtx-cu13 tensorrt-rtx-cu13-libs "
-                                               "tensorrt-rtx-cu13-bindings)")
-    return load_tensorrt("tensorrt_rtx")
 
 
 @pytest.fixture
@@ -38,12 +30,6 @@ def export_copy(tiny_export, tmp_path):
     dst = tmp_path / "engine_dir"
     shutil.copytree(tiny_export, dst)
     return dst
-
-
-def _engine_header_ok(blob: bytes) -> bool:
-    """A serialized TensorRT-RTX 1.7 engine: it starts with the magic b"vtrt" and the little-endian uint64 at byte
-    16 is the plan's own length (observed on plans this TensorRT-RTX writes; deserializing needs a CUDA GPU)."""
-    return blob[:4] == b"vtrt" and int.from_bytes(blob[16:24], "little") == len(blob)
 
 
 @pytest.mark.slow
@@ -60,7 +46,7 @@ def test_every_graph_builds(trt_rtx, export_copy):
     assert written["graphs"] == manifest["graphs"]  # the export's own fields are untouched
     for graph, rec in section["engines"].items():
         blob = (export_copy / rec["file"]).read_bytes()
-        assert _engine_header_ok(blob), (graph, blob[:24])
+        assert is_trt_rtx_plan(blob), (graph, blob[:24])
         assert hashlib.sha256(blob).hexdigest() == rec["sha256"]
     n, hidden = manifest["visual"]["max_visual_tokens"], manifest["dims"]["hidden_size"]
     # profiles come from the manifest's symbolic axes
