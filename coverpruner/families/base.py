@@ -119,3 +119,14 @@ class CompactPositions:
     def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
         """int64 [1] = L' + step."""
         return np.array([pruned.shape[1] + step], dtype=np.int64)
+
+
+def text_dims(text_config) -> dict:
+    """The decoder dims every family records in the manifest, from an HF text config (attributes only)."""
+    t = text_config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    return {
+        "hidden_size": t.hidden_size, "num_layers": t.num_hidden_layers, "num_heads": t.num_attention_heads,
+        "num_kv_heads": t.num_key_value_heads, "head_dim": head_dim, "vocab_size": t.vocab_size,
+        "max_position_embeddings": t.max_position_embeddings,
+    }

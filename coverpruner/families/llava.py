@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from coverpruner.families.base import CompactPositions, render_image_prompt, tokenize_layout
+from coverpruner.families.base import CompactPositions, render_image_prompt, text_dims, tokenize_layout
 from coverpruner.families.contract import ExportSpec, GridPanel, ImageSpan, NativeLayout, VisionInputs
 
 IMAGE_TOKEN = "<image>"
@@ -166,14 +166,8 @@ class LlavaFamily:
         )
 
     def dims(self, config) -> dict:
-        t, v = config.text_config, config.vision_config
-        head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
-        return {
-            "hidden_size": t.hidden_size, "num_layers": t.num_hidden_layers, "num_heads": t.num_attention_heads,
-            "num_kv_heads": t.num_key_value_heads, "head_dim": head_dim, "vocab_size": t.vocab_size,
-            "image_size": v.image_size,
-            "patch_size": v.patch_size, "max_position_embeddings": t.max_position_embeddings,
-        }
+        v = config.vision_config
+        return {**text_dims(config.text_config), "image_size": v.image_size, "patch_size": v.patch_size}
 
     def token_ids(self, config) -> dict:
         t = config.text_config

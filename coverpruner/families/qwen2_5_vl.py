@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.base import render_image_prompt, tokenize_layout
+from coverpruner.families.base import render_image_prompt, text_dims, tokenize_layout
 from coverpruner.families.contract import ExportSpec, GridPanel, ImageSpan, NativeLayout, RequestOption, VisionInputs
 from coverpruner.families.llava import LlavaFamily
 from coverpruner.families.qwen_positions import decode_position, native_positions, pruned_positions
@@ -86,11 +86,8 @@ class Qwen25VLFamily:
 
     def dims(self, config) -> dict:
         t, v = config.text_config, config.vision_config
-        head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
         return {
-            "hidden_size": t.hidden_size, "num_layers": t.num_hidden_layers, "num_heads": t.num_attention_heads,
-            "num_kv_heads": t.num_key_value_heads, "head_dim": head_dim, "vocab_size": t.vocab_size,
-            "max_position_embeddings": t.max_position_embeddings,
+            **text_dims(t),
             "mrope_section": list(t.rope_parameters["mrope_section"]),
             "patch_size": v.patch_size, "spatial_merge_size": v.spatial_merge_size, "window_size": v.window_size,
             "temporal_patch_size": v.temporal_patch_size, "vision_hidden_size": v.hidden_size,
