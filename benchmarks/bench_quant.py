@@ -11,7 +11,7 @@ fixed sequences, and the effect of quantizing the probe on the kept set (budget 
 (weights of every graph + the fp16/fp32 KV cache at 4k context) per precision beside Orin Nano 8 GB, Orin NX
 16 GB and AGX Orin 32/64 GB.
 
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_quant.py --work /tmp/qbench
+    python benchmarks/bench_quant.py --work /tmp/qbench
 Writes benchmarks/results/quant_llava-1.5-7b_<L>l.json and .png. Peak RAM ~6 GiB (the fp32 export).
 """
 
@@ -433,7 +433,7 @@ def main() -> None:
 
     result = {
         "benchmark": "quant",
-        "command": "flock /tmp/coverpruner-heavy.lock python benchmarks/bench_quant.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/bench_quant.py " + " ".join(sys.argv[1:]),
         "preset": "llava-1.5-7b", "layers": args.layers, "text_tokens": TEXT_TOKENS, "budget": BUDGET,
         "threads": args.threads, "quantization": {dt: q["record"] for dt, q in quant.items()},
         "quantize_cost": {dt: {k: q[k] for k in ("quantize_s", "peak_rss_gib")} for dt, q in quant.items()},

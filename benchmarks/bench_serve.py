@@ -7,8 +7,8 @@ Both server modes run 2 pipelines with 1 ORT thread each, so they get the same c
 the same image and question at a fixed answer length (``ignore_eos``) and is sent with the official
 openai client from C threads (C = concurrency) over loopback.
 
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py             # ~15 min on 2 cores
-    flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py --quick     # tiny engine only
+    python benchmarks/bench_serve.py             # ~15 min on 2 cores
+    python benchmarks/bench_serve.py --quick     # tiny engine only
 
 The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
 Writes benchmarks/results/serve_<tag>.json and .png.
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
     out = ROOT / "benchmarks" / "results" / f"serve_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "benchmark": "serve", "command": "flock /tmp/coverpruner-heavy.lock python benchmarks/bench_serve.py "
+        "benchmark": "serve", "command": "python benchmarks/bench_serve.py "
                                          + " ".join(argv if argv is not None else sys.argv[1:]),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__,
