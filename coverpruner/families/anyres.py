@@ -207,11 +207,11 @@ def prepare_tiles(image, s: AnyresSettings) -> tuple[np.ndarray, AnyresGeometry]
     T = 1 + gh*gw: the base image first, then the tiles row-major (HF's order).
     """
     from coverpruner.runtime.errors import ImageError
-    from coverpruner.runtime.preprocess import ImageSettings, _to_rgb, load_image, preprocess_image
+    from coverpruner.runtime.preprocess import ImageSettings, to_rgb, load_image, preprocess_image
 
     img = load_image(image)
     try:
-        rgb = _to_rgb(img)  # uint8 [H,W,3], alpha composited on white like HF's convert_to_rgb
+        rgb = to_rgb(img)  # uint8 [H,W,3], alpha composited on white like HF's convert_to_rgb
     except OSError as exc:
         raise ImageError(f"cannot decode image: {exc}") from None
     height, width = rgb.shape[:2]

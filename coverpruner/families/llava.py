@@ -224,7 +224,7 @@ class LlavaFamily:
 def crop_box(width: int, height: int, settings) -> tuple[float, float, float, float]:
     """(left, top, right, bottom) in original-image pixels of the region the CLIP preprocessing keeps:
     optional pad-to-square, shortest-edge resize, center crop (the steps of runtime.preprocess)."""
-    from coverpruner.runtime.preprocess import _resize_size
+    from coverpruner.runtime.preprocess import resize_size
 
     ox = oy = 0.0
     fw, fh = width, height
@@ -232,7 +232,7 @@ def crop_box(width: int, height: int, settings) -> tuple[float, float, float, fl
         side = max(width, height)
         ox, oy = (0.0, (side - height) // 2) if width > height else ((side - width) // 2, 0.0)
         fw = fh = side
-    nh, nw = _resize_size(fh, fw, settings) if settings.do_resize else (fh, fw)
+    nh, nw = resize_size(fh, fw, settings) if settings.do_resize else (fh, fw)
     sx, sy = fw / nw, fh / nh
     if settings.do_center_crop:
         ch, cw = settings.crop_height, settings.crop_width

@@ -159,12 +159,12 @@ def preprocess_qwen_image(image, s: QwenImageSettings, image_size=None) -> QwenI
     from PIL import Image
 
     from coverpruner.runtime.errors import ImageError
-    from coverpruner.runtime.preprocess import _to_rgb, load_image
+    from coverpruner.runtime.preprocess import to_rgb, load_image
 
     fixed = check_image_size(image_size, s) if image_size is not None else None
     img = load_image(image)
     try:
-        rgb = _to_rgb(img) if s.do_convert_rgb else np.asarray(img)
+        rgb = to_rgb(img) if s.do_convert_rgb else np.asarray(img)
     except OSError as exc:
         raise ImageError(f"cannot decode image: {exc}") from None
     if rgb.ndim == 2:

@@ -120,7 +120,7 @@ def load_image(image) -> Image.Image:
     return img
 
 
-def _to_rgb(img: Image.Image) -> np.ndarray:
+def to_rgb(img: Image.Image) -> np.ndarray:
     """uint8 [H,W,3]; transparency is composited onto white like transformers' convert_to_rgb."""
     has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
     if has_alpha:
@@ -146,7 +146,8 @@ def _pad_to_square(chw: np.ndarray, color) -> np.ndarray:
     return out
 
 
-def _resize_size(h: int, w: int, s: ImageSettings) -> tuple[int, int]:
+def resize_size(h: int, w: int, s: ImageSettings) -> tuple[int, int]:
+    """(height, width) the CLIP resize step gives an h x w image (shortest edge, or the fixed size)."""
     if s.shortest_edge is None:
         return s.height, s.width
     short, long = (w, h) if w <= h else (h, w)
@@ -172,7 +173,7 @@ def preprocess_image(image, settings: ImageSettings) -> np.ndarray:
     """Image (path / PIL / uint8 array) -> pixel_values float32 [1, 3, H, W]."""
     img = load_image(image)
     try:
-        rgb = _to_rgb(img) if settings.do_convert_rgb else np.asarray(img)
+        rgb = to_rgb(img) if settings.do_convert_rgb else np.asarray(img)
     except (OSError, ValueError, EOFError, struct.error, MemoryError) as exc:
         raise ImageError(f"cannot decode image (PIL mode {img.mode}, size {img.size}): "
                          f"{type(exc).__name__}: {exc}") from None
@@ -183,7 +184,7 @@ def preprocess_image(image, settings: ImageSettings) -> np.ndarray:
         chw = _pad_to_square(chw, [int(x * 255) for x in settings.image_mean])
     if settings.do_resize:
         h, w = chw.shape[1:]
-        nh, nw = _resize_size(h, w, settings)
+        nh, nw = resize_size(h, w, settings)
         hwc = chw[0] if chw.shape[0] == 1 else np.moveaxis(chw, 0, -1)
         resized = np.asarray(Image.fromarray(hwc).resize((nw, nh), resample=settings.resample))
         chw = resized[None] if resized.ndim == 2 else np.moveaxis(resized, -1, 0)

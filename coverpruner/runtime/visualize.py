@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from coverpruner.runtime.preprocess import _to_rgb, load_image
+from coverpruner.runtime.preprocess import to_rgb, load_image
 
 _OUTLINE = (255, 215, 0)
 _PAD_COLOR = 96  # grey where a box extends past the image (padding the model saw)
@@ -74,7 +74,7 @@ def draw_selection(image, kept_indices, panels, min_side: int = 448, dim: float 
     """
     if not panels:
         raise ValueError("the family gave no geometry for this request; nothing to draw")
-    rgb = _to_rgb(load_image(image))
+    rgb = to_rgb(load_image(image))
     kept = {int(k) for k in np.asarray(kept_indices, dtype=np.int64)}
     views = [_draw_panel(rgb, p, kept, min_side, dim) for p in panels]
     gap = 8

@@ -55,12 +55,6 @@ def qwen_export(qwen_checkpoint, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def qwen_graphs(qwen_export) -> Path:
-    """Directory holding vision/embed/probe/decoder .onnx of the tiny checkpoint (fp32)."""
-    return qwen_export
-
-
 def ort_session(path: Path):
     import onnxruntime as ort
 

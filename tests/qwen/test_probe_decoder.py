@@ -26,30 +26,30 @@ def _request(ckpt, engine_dir, model, size):
 
 
 @pytest.mark.parametrize("size", [(224, 224), (300, 250), (140, 420)])
-def test_probe_matches_hf_layer0_attention(size, qwen_checkpoint, qwen_hf, qwen_graphs):
-    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_graphs, qwen_hf, size)
+def test_probe_matches_hf_layer0_attention(size, qwen_checkpoint, qwen_hf, qwen_export):
+    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_export, qwen_hf, size)
     with torch.no_grad():
         out = qwen_hf(**ref, output_attentions=True)
     att = out.attentions[0][0].numpy()  # [H, L, L], HF's own positions and causal mask
     expected = att[:, layout.instruction_positions][:, :, layout.visual_positions].mean(axis=(0, 1))
-    (ours,) = ort_session(qwen_graphs / "probe.onnx").run(None, {
+    (ours,) = ort_session(qwen_export / "probe.onnx").run(None, {
         "inputs_embeds": embeds, "position_ids": positions[:, None], "visual_positions": layout.visual_positions,
         "instruction_positions": layout.instruction_positions})
     assert ours.shape == expected.shape == (layout.visual_positions.size,)
     # probabilities averaged over H*T entries; float32 softmax rounding ~1e-7 relative to each entry.
     np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-7)
     # positions matter: 1-D positions 0..L-1 give a different demand
-    (flat,) = ort_session(qwen_graphs / "probe.onnx").run(None, {
+    (flat,) = ort_session(qwen_export / "probe.onnx").run(None, {
         "inputs_embeds": embeds, "position_ids": np.broadcast_to(np.arange(embeds.shape[1]), (3, 1, embeds.shape[1])).copy(),
         "visual_positions": layout.visual_positions, "instruction_positions": layout.instruction_positions})
     assert np.abs(flat - expected).max() > 1e-3 * expected.max()
 
 
 @pytest.mark.parametrize("size", [(300, 250), (140, 420)])
-def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwen_graphs):
-    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_graphs, qwen_hf, size)
+def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwen_export):
+    ref, embeds, layout, positions = _request(qwen_checkpoint, qwen_export, qwen_hf, size)
     dims = get_family("qwen2_5_vl").dims(qwen_hf.config)
-    sess = ort_session(qwen_graphs / "decoder.onnx")
+    sess = ort_session(qwen_export / "decoder.onnx")
     length = embeds.shape[1]
     empty = np.zeros((1, dims["num_kv_heads"], 0, dims["head_dim"]), np.float32)
     feed = {"inputs_embeds": embeds, "attention_mask": np.ones((1, length), np.int64),
@@ -77,7 +77,7 @@ def test_decoder_prefill_and_decode_match_hf(size, qwen_checkpoint, qwen_hf, qwe
     np.testing.assert_allclose(step_logits[0, -1], full.logits[0, -1].numpy(), rtol=0, atol=1e-4)
 
 
-def test_embed_matches_hf(qwen_hf, qwen_graphs):
+def test_embed_matches_hf(qwen_hf, qwen_export):
     ids = np.array([[1, 5, 17, 900, 1003, 1005]], np.int64)
-    (ours,) = ort_session(qwen_graphs / "embed.onnx").run(None, {"input_ids": ids})
+    (ours,) = ort_session(qwen_export / "embed.onnx").run(None, {"input_ids": ids})
     np.testing.assert_array_equal(ours, qwen_hf.model.get_input_embeddings()(torch.from_numpy(ids)).detach().numpy())

@@ -46,8 +46,8 @@ def test_tiny_windows_are_smaller_than_the_grids(qwen_hf):
 
 
 @pytest.fixture(scope="module")
-def vision_session(qwen_graphs):
-    return ort_session(qwen_graphs / "vision.onnx")
+def vision_session(qwen_export):
+    return ort_session(qwen_export / "vision.onnx")
 
 
 @pytest.mark.slow
