@@ -17,7 +17,7 @@ from coverpruner.families.base import (
     tokenize_layout,
 )
 from coverpruner.families.contract import Family, FamilyRuntime, NativeLayout
-from tests.export.conftest import PROMPT, family_runtime
+from tests.families.llava.fixtures import PROMPT, family_runtime
 
 
 def test_family_modules_import_without_torch():
@@ -119,7 +119,7 @@ def test_manifest_fields_of_llava(tiny_checkpoint):
 @pytest.mark.parametrize("size", [(200, 240), (500, 120), (60, 90)])
 def test_llava_prepare_image_equals_hf_and_gives_crop_geometry(hf_processor, tiny_checkpoint, size):
     """pixel_values as the HF processor's; the panel's box is the center crop in original-image pixels."""
-    from tests.export.conftest import sample_image
+    from tests.families.llava.fixtures import sample_image
 
     image = sample_image(seed=1, size=size)
     vision = family_runtime(tiny_checkpoint).prepare_image(image, {})

@@ -1,4 +1,10 @@
-"""HF-side references for the parity tests: the tiny model, its processor, one real request."""
+"""LLaVA-1.5 session fixtures (loaded by tests/conftest.py for every folder) and HF-side helpers.
+
+`tiny_checkpoint` -> llava-hf-format checkpoint (preset "tiny": 144 visual tokens, Llama with GQA 4 heads / 2 kv
+heads, 2 layers, hidden 64, locally trained BPE tokenizer); `tiny_export` -> its fp32 engine dir (all five graphs,
+manifest.json); both from the shared `builds` chain. `hf_model` / `hf_processor` / `hf` / `request_inputs`: the
+HF-side references of the parity tests.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,32 @@ import numpy as np
 import pytest
 
 PROMPT = "What color is the bus on the left side of the street?"
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(builds) -> Path:
+    return builds.checkpoint("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_export(builds) -> Path:
+    return builds.export("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_pipe(tiny_export):
+    from coverpruner.runtime import Pipeline
+
+    return Pipeline.load(tiny_export, provider="cpu", threads=1)
+
+
+@pytest.fixture(scope="session")
+def hf(tiny_checkpoint):
+    """(LlavaForConditionalGeneration with eager attention, its HF processor)."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(
+        str(tiny_checkpoint), attn_implementation="eager").eval()
+    return model, transformers.AutoProcessor.from_pretrained(str(tiny_checkpoint))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from coverpruner.families.anyres import geometry, pack_features, prepare_tiles
-from tests.families.conftest import IMAGE_SIZES, smooth_image
+from tests.families.llava_next.fixtures import IMAGE_SIZES, smooth_image
 
 # Tile counts 5, 4, 3, 4 (2x2, 1x3, 1x2, 3x1 grids), square / landscape / tiny / extreme portrait.
 VISION_SIZES = [(200, 240), (500, 120), (20, 30), (50, 10000)]

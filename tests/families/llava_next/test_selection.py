@@ -8,7 +8,7 @@ import pytest
 from coverpruner.families.anyres import geometry
 from coverpruner.families.llava_next import panels
 from coverpruner.runtime.visualize import draw_selection
-from tests.families.conftest import smooth_image
+from tests.families.llava_next.fixtures import smooth_image
 
 
 def test_candidates_skip_newline_rows_in_native_order(next_settings):

@@ -1,4 +1,4 @@
-"""Session fixtures for the LLaVA-NeXT family: the tiny random checkpoint, its HF model and processor.
+"""Session fixtures for the LLaVA-NeXT family (loaded by tests/conftest.py): the tiny random checkpoint, its HF model and processor.
 
 `next_checkpoint` -> llava-hf-format LLaVA-NeXT checkpoint (preset "llava-next-tiny": 84-px tiles of
 6x6 patches, pinpoints 1x2/2x1/2x2/3x1/1x3 tiles, Llama GQA 4/2 heads, hidden 64, local BPE tokenizer).
@@ -18,11 +18,8 @@ IMAGE_SIZES = [(200, 240), (300, 420), (500, 120), (84, 84), (20, 30), (1, 1), (
 
 
 @pytest.fixture(scope="session")
-def next_checkpoint(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers", reason="building a checkpoint needs transformers (export extra)")
-    from coverpruner.testing.checkpoints import write_checkpoint
-
-    return write_checkpoint(tmp_path_factory.mktemp("next_checkpoint"), preset="llava-next-tiny", seed=0)
+def next_checkpoint(builds) -> Path:
+    return builds.checkpoint("llava-next-tiny")
 
 
 @pytest.fixture(scope="session")
@@ -49,13 +46,9 @@ def next_eager_model(next_checkpoint):
 
 
 @pytest.fixture(scope="session")
-def next_export(next_checkpoint, tmp_path_factory) -> Path:
+def next_export(builds) -> Path:
     """fp32 engine dir of the tiny NeXT checkpoint (all graphs, manifest v2, image_newline.npy)."""
-    from coverpruner.export.exporter import ExportOptions, export_model
-
-    out = tmp_path_factory.mktemp("next_export")
-    export_model(next_checkpoint, out, "llava-next-tiny", ExportOptions(dtype="fp32", progress=False))
-    return out
+    return builds.export("llava-next-tiny")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import torch
 from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen_vision import (VISION_INPUTS, image_cu_seqlens, vision_inputs, vision_position_ids,
                                               window_index)
-from tests.qwen.conftest import ort_session, sample_image
+from tests.families.qwen2_5_vl.fixtures import ort_session, sample_image
 
 # (H, W) of the input image -> grids after smart_resize: 8x8 (window 3 does not divide), 11x9, 5x15, 13x11,
 # and 6x6 (window divides the grid exactly).

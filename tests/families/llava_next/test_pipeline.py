@@ -1,4 +1,4 @@
-"""LLaVA-NeXT Pipeline.generate (ONNX graphs, numpy) == an HF PyTorch reference (tests/families/next_reference.py).
+"""LLaVA-NeXT Pipeline.generate (ONNX graphs, numpy) == an HF PyTorch reference (tests/families/llava_next/hf_reference.py).
 
 budget full == HF generate on the processor's inputs, token for token (both newline policies: full keeps every
 row). Budgets 64/16 x methods coverpruner/divprune x newline policies drop/keep x 3 aspect ratios == HF image
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.families import next_reference as ref
-from tests.families.conftest import smooth_image
+from tests.families.llava_next import hf_reference as ref
+from tests.families.llava_next.fixtures import smooth_image
 
 pytestmark = pytest.mark.slow
 NEW = 8

@@ -1,4 +1,4 @@
-"""Session fixtures for the Qwen2.5-VL tests: one tiny random checkpoint, sample images.
+"""Session fixtures for the Qwen2.5-VL tests (loaded by tests/conftest.py): one tiny random checkpoint, sample images.
 
 `qwen_checkpoint` -> Path of a `qwen2.5-vl-tiny` checkpoint (window attention over 3x3 merged patches,
 full-attention blocks 1 and 3, GQA 4/2 heads, q/k/v bias, mrope_section [2, 3, 3]); built once (~5 s).
@@ -11,14 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("transformers", reason="the Qwen2.5-VL tests build a checkpoint with transformers")
-
-
 @pytest.fixture(scope="session")
-def qwen_checkpoint(tmp_path_factory) -> Path:
-    from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
-
-    return write_qwen_checkpoint(tmp_path_factory.mktemp("qwen_tiny"), preset="qwen2.5-vl-tiny", seed=0)
+def qwen_checkpoint(builds) -> Path:
+    return builds.checkpoint("qwen2.5-vl-tiny")
 
 
 def sample_image(seed: int = 0, size=(200, 240)):
@@ -40,19 +35,15 @@ def sample_image(seed: int = 0, size=(200, 240)):
 @pytest.fixture(scope="session")
 def qwen_hf(qwen_checkpoint):
     """HF model, eager attention (output_attentions under sdpa returns nothing), float32."""
-    from tests.qwen.hf_qwen import hf_model  # noqa: PLC0415
+    from tests.families.qwen2_5_vl.hf_qwen import hf_model  # noqa: PLC0415
 
     return hf_model(str(qwen_checkpoint), "eager")
 
 
 @pytest.fixture(scope="session")
-def qwen_export(qwen_checkpoint, tmp_path_factory) -> Path:
+def qwen_export(builds) -> Path:
     """fp32 engine dir of the tiny checkpoint (all five graphs + manifest), through the real exporter."""
-    from coverpruner.export.exporter import ExportOptions, export_model
-
-    out = tmp_path_factory.mktemp("qwen_export")
-    export_model(qwen_checkpoint, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp32", progress=False))
-    return out
+    return builds.export("qwen2.5-vl-tiny")
 
 
 def ort_session(path: Path):

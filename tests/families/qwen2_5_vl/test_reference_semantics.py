@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.qwen import hf_reference as ref
-from tests.qwen.conftest import sample_image
+from tests.families.qwen2_5_vl import hf_reference as ref
+from tests.families.qwen2_5_vl.fixtures import sample_image
 
 PROMPT = "What is written on the sign next to the red car?"
 STEPS = 12

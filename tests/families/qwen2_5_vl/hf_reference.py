@@ -15,7 +15,7 @@ import torch
 
 from tests.literal_selection import coverage_reference as literal_coverage  # literal float64 greedy, exact argmax
 from tests.literal_selection import divprune_reference as literal_divprune
-from tests.qwen.hf_qwen import hf_inputs
+from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 
 
 @dataclass

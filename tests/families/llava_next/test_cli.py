@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from coverpruner.runtime.cli import main
-from tests.families.conftest import smooth_image
+from tests.families.llava_next.fixtures import smooth_image
 
 pytestmark = pytest.mark.slow
 

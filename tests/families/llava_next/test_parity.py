@@ -2,7 +2,7 @@
 
 Same tolerances as LLaVA-1.5's tests/export/test_parity.py; the vision graph's parity (over the tile axis, with
 HF's packing) is in test_llava_next_vision.py. Inputs are real NeXT requests: HF's processor and HF's packed
-features (tests/families/next_reference.py).
+features (tests/families/llava_next/hf_reference.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.families import next_reference as ref
-from tests.families.conftest import smooth_image
+from tests.families.llava_next import hf_reference as ref
+from tests.families.llava_next.fixtures import smooth_image
 
 pytestmark = pytest.mark.slow
 PROMPT = "What is on the left of the picture?"

@@ -9,7 +9,7 @@ from coverpruner.families import get_family, resolve_alias
 from coverpruner.families.base import render_image_prompt, tokenize_layout
 from coverpruner.families.anyres import AnyresSettings, geometry, prepare_tiles
 from coverpruner.runtime.errors import ImageError, ManifestError
-from tests.families.conftest import IMAGE_SIZES, smooth_image
+from tests.families.llava_next.fixtures import IMAGE_SIZES, smooth_image
 
 PROMPT = "What is on the left of the picture?"
 

@@ -9,7 +9,7 @@ exported graphs, coverpruner.selection or the pipeline's prompt encoder.
 import numpy as np
 import torch
 
-from ..literal_selection import coverage_reference, divprune_reference
+from tests.literal_selection import coverage_reference, divprune_reference
 
 
 def hf_inputs(processor, image, prompt):

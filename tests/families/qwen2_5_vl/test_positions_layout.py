@@ -6,8 +6,8 @@ import torch
 from tokenizers import Tokenizer
 
 from coverpruner.families.qwen_positions import decode_position, native_positions
-from tests.qwen.conftest import our_request, sample_image
-from tests.qwen.hf_qwen import hf_inputs
+from tests.families.qwen2_5_vl.fixtures import our_request, sample_image
+from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 
 PROMPT = "What color is the bus on the left side of the street?"
 

@@ -11,7 +11,7 @@ import torch
 from coverpruner.families import get_family
 from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen_vision import VISION_INPUTS, vision_inputs
-from tests.qwen.conftest import ort_session, sample_image
+from tests.families.qwen2_5_vl.fixtures import ort_session, sample_image
 
 pytestmark = pytest.mark.slow
 # fp16 keeps 11 significant bits (unit roundoff 4.9e-4); a few blocks of sequential rounding reach a few 1e-3

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.export.conftest import ort_session
+from tests.families.llava.fixtures import ort_session
 
 pytestmark = pytest.mark.slow
 

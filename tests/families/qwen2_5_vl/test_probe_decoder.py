@@ -6,8 +6,8 @@ import torch
 
 from coverpruner.families import get_family
 from coverpruner.families.qwen_positions import decode_position
-from tests.qwen.conftest import our_request, ort_session, sample_image
-from tests.qwen.hf_qwen import hf_inputs
+from tests.families.qwen2_5_vl.fixtures import our_request, ort_session, sample_image
+from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 
 PROMPT = "Describe the small red sign near the top left corner."
 pytestmark = pytest.mark.slow
