@@ -39,10 +39,25 @@ def test_host_tables_equal_hf(grid, window):
     np.testing.assert_array_equal(image_cu_seqlens(grid), ref_full.numpy())
 
 
-def test_tiny_windows_are_smaller_than_the_grids(qwen_hf):
+def test_tiny_windows_are_smaller_than_the_grids(qwen_hf, qwen_checkpoint):
+    """The test images really exercise window attention: every grid the parity test feeds is split into several
+    3x3-token windows, edge windows are partial unless 3 divides the grid, and the windows cover every token once."""
     vc = qwen_hf.config.vision_config
     side = vc.window_size // vc.spatial_merge_size // vc.patch_size
     assert side == 3 and list(vc.fullatt_block_indexes) == [1, 3] and vc.depth == 4
+    merged = []
+    for size in IMAGE_SIZES:
+        img = preprocess_qwen_image(sample_image(1, size), _settings(qwen_checkpoint))
+        _, h, w = img.grid_thw
+        gh, gw = h // vc.spatial_merge_size, w // vc.spatial_merge_size
+        merged.append((gh, gw))
+        index, cu = window_index(img.grid_thw, vc.spatial_merge_size, vc.window_size, vc.patch_size)
+        np.testing.assert_array_equal(np.sort(index), np.arange(gh * gw))  # a permutation of the tokens
+        tokens = np.diff(cu) // vc.spatial_merge_size ** 2  # merged tokens per window
+        assert len(tokens) == -(-gh // side) * -(-gw // side) > 1
+        assert tokens.max() == side * side
+        assert (tokens.min() < side * side) == (gh % side != 0 or gw % side != 0), (size, gh, gw)
+    assert merged == [(8, 8), (11, 9), (5, 15), (13, 11), (6, 6)]  # the grids IMAGE_SIZES promises
 
 
 @pytest.fixture(scope="module")
