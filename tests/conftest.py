@@ -4,8 +4,8 @@
 five graphs + manifest.json) at most once per run, on first use; every family fixture (`tiny_checkpoint`,
 `next_export`, `qwen_checkpoint`, ...) and the matrix's `family` read from it, so nothing is built twice.
 
-`family` is parametrised over MATRIX: one entry per model family's tiny preset. A test that takes it runs for
-every family (tests/matrix/); a family joins by one MATRIX line plus its facts module
+`family` is parametrised over MATRIX (tests/family_matrix.py): one entry per model family's tiny preset. A test
+that takes it runs for every family (tests/matrix/); a family joins by one MATRIX line plus its facts module
 tests/families/<name>/matrix.py (tests/README.md).
 
 The family-specific fixtures live in tests/families/<name>/fixtures.py, loaded here as plugins so every folder
@@ -15,33 +15,19 @@ The family-specific fixtures live in tests/families/<name>/fixtures.py, loaded h
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.family_matrix import MATRIX, MatrixEntry
 
 pytest_plugins = [
     "tests.families.llava.fixtures",
     "tests.families.llava_next.fixtures",
     "tests.families.qwen2_5_vl.fixtures",
 ]
-
-
-@dataclass(frozen=True)
-class MatrixEntry:
-    """One family of the matrix: its registry name (coverpruner.families) and its tiny preset
-    (coverpruner.testing); its facts are tests/families/<name>/matrix.py."""
-
-    name: str
-    preset: str
-
-
-MATRIX = (
-    MatrixEntry("llava", "tiny"),
-    MatrixEntry("llava_next", "llava-next-tiny"),
-    MatrixEntry("qwen2_5_vl", "qwen2.5-vl-tiny"),
-)
 
 
 class Builds:
@@ -51,6 +37,7 @@ class Builds:
         self._tmp = tmp_path_factory
         self._checkpoints: dict[str, Path] = {}
         self._exports: dict[str, Path] = {}
+        self._memo: dict[tuple, object] = {}
 
     def checkpoint(self, preset: str) -> Path:
         if preset not in self._checkpoints:
@@ -71,6 +58,13 @@ class Builds:
         return self._exports[preset]
 
 
+    def memo(self, key: tuple, make):
+        """make() once per session for `key` (e.g. a family's Pipeline or an HF reference answer)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
 @pytest.fixture(scope="session")
 def builds(tmp_path_factory) -> Builds:
     return Builds(tmp_path_factory)
@@ -86,7 +80,6 @@ class FamilyUnderTest:
     preset: str
     facts: ModuleType
     _builds: Builds
-    _cache: dict = field(default_factory=dict)
 
     @property
     def checkpoint(self) -> Path:
@@ -98,18 +91,37 @@ class FamilyUnderTest:
 
     @property
     def pipe(self):
-        if "pipe" not in self._cache:
-            from coverpruner.runtime import Pipeline
+        """Pipeline.load(export, cpu, 1 thread), shared by the session's matrix tests of this family."""
+        from coverpruner.runtime import Pipeline
 
-            self._cache["pipe"] = Pipeline.load(self.export, provider="cpu", threads=1)
-        return self._cache["pipe"]
+        return self.memo("pipe", lambda: Pipeline.load(self.export, provider="cpu", threads=1))
+
+    def memo(self, key, make):
+        """make() once per session for this family and `key` (an HF reference answer, a request, ...)."""
+        return self._builds.memo((self.preset, key), make)
 
 
-@pytest.fixture(scope="session", params=MATRIX, ids=[e.name for e in MATRIX])
+def pytest_generate_tests(metafunc):
+    """`family` runs over MATRIX; with `case_id` too, over each family's PIPELINE_CASES (ids "llava-demo")."""
+    if "family" not in metafunc.fixturenames:
+        return
+    if "case_id" not in metafunc.fixturenames:
+        metafunc.parametrize("family", MATRIX, ids=[e.name for e in MATRIX], indirect=True, scope="session")
+        return
+    pairs = [(entry, case_id) for entry in MATRIX for case_id in _facts(entry.name).PIPELINE_CASES]
+    metafunc.parametrize(["family", "case_id"], pairs, ids=[f"{e.name}-{c}" for e, c in pairs], indirect=["family"],
+                         scope="session")
+
+
+def _facts(name: str) -> ModuleType:
+    return importlib.import_module(f"tests.families.{name}.matrix")
+
+
+@pytest.fixture(scope="session")
 def family(request, builds) -> FamilyUnderTest:
+    """One family of MATRIX (parametrised by pytest_generate_tests above)."""
     entry: MatrixEntry = request.param
-    return FamilyUnderTest(entry.name, entry.preset, importlib.import_module(f"tests.families.{entry.name}.matrix"),
-                           builds)
+    return FamilyUnderTest(entry.name, entry.preset, _facts(entry.name), builds)
 
 
 @pytest.fixture(scope="session")

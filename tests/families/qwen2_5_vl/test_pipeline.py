@@ -1,10 +1,9 @@
-"""The exported Qwen2.5-VL pipeline == an HF PyTorch reference built in the tests (its own positions, literal
-float64 selectors): budgets full/64/16, methods coverpruner and divprune; pruned == masked full model; fixed
-image_size; bad input."""
+"""Qwen2.5-VL's pipeline quirks: fixed image_size == the HF reference on the resized image, bad sizes, the
+selection picture on the merged grid, the CLI flag. Budgets full/64/16 x methods == the HF reference (and pruned ==
+masked full model) is the matrix test (tests/matrix/test_pipeline_reference.py; facts in matrix.py)."""
 
 import numpy as np
 import pytest
-import torch
 
 from coverpruner.runtime.errors import CoverPrunerError
 from tests.families.qwen2_5_vl import hf_reference as ref
@@ -22,42 +21,8 @@ def pipe(qwen_export):
     return Pipeline.load(qwen_export)
 
 
-@pytest.fixture(scope="module")
-def native(qwen_hf, qwen_checkpoint):
-    image = sample_image(5, (300, 250))
-    return image, ref.native_request(qwen_hf, qwen_checkpoint, image, PROMPT)
-
-
 def _eos(model):
     return set(model.generation_config.eos_token_id)  # what HF generate stops on
-
-
-def test_budget_full_equals_hf_generate(pipe, qwen_hf, native):
-    image, req = native
-    ours = pipe.generate(image, PROMPT, budget="full", max_new_tokens=STEPS)
-    with torch.no_grad():
-        out = qwen_hf.generate(**req.inputs, max_new_tokens=STEPS, do_sample=False, repetition_penalty=1.0)
-    assert ours.token_ids == out[0, req.inputs["input_ids"].shape[1]:].tolist()
-    assert ours.num_visual_tokens == req.visual.size == 99 and ours.prompt_tokens == req.embeds.shape[1]
-    # it stops on the same ids as HF generate (generation_config: <|im_end|> and <|endoftext|>)
-    assert set(np.atleast_1d(pipe.manifest.token_ids["eos_token_id"]).tolist()) == \
-        set(qwen_hf.generation_config.eos_token_id)
-
-
-@pytest.mark.parametrize("method", ["coverpruner", "divprune"])
-@pytest.mark.parametrize("budget", [64, 16])
-def test_pruned_equals_hf_reference(method, budget, pipe, qwen_hf, native):
-    image, req = native
-    ours = pipe.generate(image, PROMPT, budget=budget, method=method, max_new_tokens=STEPS)
-    keep = ref.select(qwen_hf, req, method, budget)
-    np.testing.assert_array_equal(ours.kept_indices, keep)
-    expected = ref.pruned_generate(qwen_hf, req, keep, STEPS, _eos(qwen_hf))
-    assert ours.token_ids == expected
-    assert ours.prefill_tokens == req.embeds.shape[1] - (req.visual.size - budget)
-    # the same answer as the full model with the dropped columns masked out
-    assert ours.token_ids == ref.masked_generate(qwen_hf, req, keep, STEPS, _eos(qwen_hf))
-    if method == "coverpruner":
-        np.testing.assert_allclose(ours.relevance, ref.layer0_relevance(qwen_hf, req), rtol=1e-4, atol=1e-7)
 
 
 def test_fixed_image_size(pipe, qwen_hf, qwen_checkpoint):

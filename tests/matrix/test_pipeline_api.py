@@ -1,6 +1,9 @@
-"""Pipeline API behaviour beyond parity: streaming, sampling seeds, every method, context limits, options."""
+"""Pipeline API behaviour beyond parity, for every family of the matrix: streaming, sampling seeds, every method,
+context limits, options, selector backends. The family's numbers (candidates of the demo image) are its facts
+(tests/families/<family>/matrix.py)."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -9,6 +12,23 @@ from coverpruner.runtime import OptionError, Pipeline, PromptError
 
 pytestmark = pytest.mark.slow
 Q = "What is shown in this image?"
+
+
+@pytest.fixture
+def pipe(family):
+    return family.pipe
+
+
+@pytest.fixture
+def engine_copy(family, tmp_path):
+    """A private copy of the family's engine dir that a test may corrupt."""
+    return shutil.copytree(family.export, tmp_path / "engine")
+
+
+@pytest.fixture
+def demo_n(family):
+    """Candidates of the demo image (assets/demo.png) for this family."""
+    return family.facts.DEMO_CANDIDATES
 
 
 def test_stream_pieces_join_to_generate_text(pipe, demo_image):
@@ -30,30 +50,30 @@ def test_seeded_sampling_reproduces(pipe, demo_image):
 
 
 @pytest.mark.parametrize("method", ["attention", "uniform", "random"])
-def test_every_method_keeps_budget_sorted(pipe, demo_image, method):
+def test_every_method_keeps_budget_sorted(pipe, demo_image, demo_n, method):
     r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, seed=3)
     k = r.kept_indices
-    assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < r.num_visual_tokens == pipe.max_visual_tokens
+    assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < r.num_visual_tokens == demo_n
     assert (r.relevance is not None) == (method == "attention")
     assert r.timings["probe"] > 0 if method == "attention" else r.timings["probe"] == 0
 
 
-def test_budget_at_least_n_equals_full(pipe, demo_image):
+def test_budget_at_least_n_equals_full(pipe, demo_image, demo_n):
     full = pipe.generate(demo_image, Q, budget=None, max_new_tokens=8)
     big = pipe.generate(demo_image, Q, budget=10_000, max_new_tokens=8)
-    assert big.token_ids == full.token_ids and len(big.kept_indices) == big.num_visual_tokens == 144
+    assert big.token_ids == full.token_ids and len(big.kept_indices) == big.num_visual_tokens == demo_n
 
 
 def test_generation_stops_at_context_end(engine_copy, demo_image):
     m = json.loads((engine_copy / "manifest.json").read_text())
     p = Pipeline.load(engine_copy)
-    L = p.encoder.encode(Q, p.max_visual_tokens).input_ids.size
+    L = p.generate(demo_image, Q, budget="full", max_new_tokens=1).prompt_tokens
     m["dims"]["max_position_embeddings"] = L + 3  # the unpruned prompt leaves room for 3 tokens
     (engine_copy / "manifest.json").write_text(json.dumps(m))
     p = Pipeline.load(engine_copy)
     r = p.generate(demo_image, Q, budget="full", max_new_tokens=50)
     assert len(r.token_ids) == 3 and r.finish_reason == "context"
-    r = p.generate(demo_image, Q, budget=16, method="divprune", max_new_tokens=50)  # pruning frees 128 positions
+    r = p.generate(demo_image, Q, budget=16, method="divprune", max_new_tokens=50)  # pruning frees n - 16 positions
     assert len(r.token_ids) == 50 and r.finish_reason == "length"
     with pytest.raises(PromptError, match="the context allows"):
         m["dims"]["max_position_embeddings"] = L - 5
@@ -88,18 +108,18 @@ def test_eos_stops_unless_ignored(engine_copy, demo_image):
     assert r.token_ids == first and r.finish_reason == "length"
 
 
-def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, demo_image, engine_copy):
+def test_onnx_and_numpy_selector_backends_keep_same_tokens(family, pipe, demo_image, demo_n, engine_copy):
     assert pipe.selector_backend == "auto", "auto keeps the dir's loop-form selector.onnx"
-    assert pipe.selector_for(144) == "onnx" and pipe.selector_for(2880) == "numpy"
-    numpy_pipe = Pipeline.load(tiny_export, selector="numpy")
+    assert pipe.selector_for(demo_n) == "onnx" and pipe.selector_for(2880) == "numpy"
+    numpy_pipe = Pipeline.load(family.export, selector="numpy")
     assert numpy_pipe.selector_backend == "numpy"
     for budget in (64, 16):
         a = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
         b = numpy_pipe.generate(demo_image, Q, budget=budget, max_new_tokens=6)
         assert a.kept_indices.tolist() == b.kept_indices.tolist() and a.token_ids == b.token_ids
     with pytest.raises(OptionError, match="unknown selector backend"):
-        Pipeline.load(tiny_export, selector="cuda-kernel")
-    assert Pipeline.load(tiny_export, selector="onnx").selector_for(2880) == "onnx"
+        Pipeline.load(family.export, selector="cuda-kernel")
+    assert Pipeline.load(family.export, selector="onnx").selector_for(2880) == "onnx"
     # a dir exported without selector.onnx (or with the TensorRT-only plugin form) selects in numpy
     manifest = json.loads((engine_copy / "manifest.json").read_text())
     manifest["selector_form"] = "plugin"
@@ -110,8 +130,8 @@ def test_onnx_and_numpy_selector_backends_keep_same_tokens(tiny_export, pipe, de
     assert Pipeline.load(engine_copy).selector_backend == "numpy"
 
 
-def test_auto_selector_switches_to_numpy_above_the_candidate_bound(pipe, demo_image, monkeypatch):
-    """selector="auto": selector.onnx runs up to AUTO_ONNX_MAX_CANDIDATES candidates (the tiny image has 144),
+def test_auto_selector_switches_to_numpy_above_the_candidate_bound(pipe, demo_image, demo_n, monkeypatch):
+    """selector="auto": selector.onnx runs up to AUTO_ONNX_MAX_CANDIDATES candidates (the demo image has demo_n),
     the numpy greedy above; both keep the same tokens."""
     import coverpruner.runtime.pipeline as pipeline_mod
 
@@ -120,7 +140,7 @@ def test_auto_selector_switches_to_numpy_above_the_candidate_bound(pipe, demo_im
     monkeypatch.setattr(pipe, "select_onnx", lambda *a: calls.append(1) or real(*a))
     onnx_run = pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
     assert calls == [1]
-    monkeypatch.setattr(pipeline_mod, "AUTO_ONNX_MAX_CANDIDATES", 143)
+    monkeypatch.setattr(pipeline_mod, "AUTO_ONNX_MAX_CANDIDATES", demo_n - 1)
     numpy_run = pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
     assert calls == [1], "above the bound the numpy greedy selects"
     assert numpy_run.kept_indices.tolist() == onnx_run.kept_indices.tolist()
@@ -129,14 +149,14 @@ def test_auto_selector_switches_to_numpy_above_the_candidate_bound(pipe, demo_im
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("provider", ["cuda", "tensorrt"])
-def test_gpu_providers_match_cpu_tokens(tiny_export, pipe, demo_image, provider):
+def test_gpu_providers_match_cpu_tokens(family, pipe, demo_image, provider):
     import onnxruntime as ort
 
     ep = {"cuda": "CUDAExecutionProvider", "tensorrt": "TensorrtExecutionProvider"}[provider]
     if ep not in ort.get_available_providers():
         pytest.skip(f"{ep} not available (needs onnxruntime-gpu{' with TensorRT' if provider == 'tensorrt' else ''}"
                     " and a CUDA GPU)")
-    gpu = Pipeline.load(tiny_export, provider=provider)
+    gpu = Pipeline.load(family.export, provider=provider)
     for budget in ("full", 64, 16):
         a = gpu.generate(demo_image, Q, budget=budget, max_new_tokens=8)
         b = pipe.generate(demo_image, Q, budget=budget, max_new_tokens=8)
