@@ -58,13 +58,16 @@ def test_every_method_keeps_budget_sorted(pipe, demo_image, demo_n, method):
     assert r.timings["probe"] > 0 if method == "attention" else r.timings["probe"] == 0
 
 
-def test_budget_at_least_n_equals_full(pipe, demo_image, demo_n):
+def test_budget_at_least_n_equals_full(family, pipe, demo_image, demo_n):
+    keep_all = family.facts.KEEP_ALL_OPTIONS  # what "nothing pruned" needs besides the budget
     full = pipe.generate(demo_image, Q, budget=None, max_new_tokens=8)
-    big = pipe.generate(demo_image, Q, budget=10_000, max_new_tokens=8)
+    big = pipe.generate(demo_image, Q, budget=10_000, max_new_tokens=8, **keep_all)
     assert big.token_ids == full.token_ids and len(big.kept_indices) == big.num_visual_tokens == demo_n
 
 
-def test_generation_stops_at_context_end(engine_copy, demo_image):
+def test_generation_stops_at_context_end(family, engine_copy, demo_image):
+    if not family.facts.PRUNING_FREES_CONTEXT:
+        pytest.skip(f"{family.name} keeps native positions: its context is counted in positions, not prompt rows")
     m = json.loads((engine_copy / "manifest.json").read_text())
     p = Pipeline.load(engine_copy)
     L = p.generate(demo_image, Q, budget="full", max_new_tokens=1).prompt_tokens

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 # candidates of assets/demo.png (tests/matrix/test_pipeline_api.py): CLIP 168/14 -> 12 x 12, every image
 DEMO_CANDIDATES = 144
+# compact positions: a pruned prompt uses fewer positions
+PRUNING_FREES_CONTEXT = True
+# generate options under which budget >= n keeps every visual row (every visual row is a candidate)
+KEEP_ALL_OPTIONS: dict = {}
 
 # coverpruner-build flags of "TensorRT-RTX builds every graph" (batch 2: the decoder's batch axis is exercised)
 TRT_BUILD_ARGS = ["--budgets", "16,64", "--max-context", "256", "--max-batch", "2"]

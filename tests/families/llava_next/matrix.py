@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+# candidates of assets/demo.png (tests/matrix/test_pipeline_api.py)
+DEMO_CANDIDATES = 156
+# compact positions: a pruned prompt uses fewer positions
+PRUNING_FREES_CONTEXT = True
+# generate options under which budget >= n keeps every visual row: under the default "drop" a budget >= n still
+# drops the image_newline rows (prefill 167 of 177 rows for the demo image), so its answer may leave the full one
+# after a few tokens
+KEEP_ALL_OPTIONS: dict = {"newline_policy": "keep"}
+
 TRT_BUILD_ARGS = ["--budgets", "16,64", "--max-context", "256"]
 
 

@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+# candidates of assets/demo.png (tests/matrix/test_pipeline_api.py)
+DEMO_CANDIDATES = 140
+# M-RoPE: kept rows keep their native positions and decoding continues
+# after the unpruned prompt's last position, so pruning frees no context
+PRUNING_FREES_CONTEXT = False
+# generate options under which budget >= n keeps every visual row (every visual row is a candidate)
+KEEP_ALL_OPTIONS: dict = {}
+
 TRT_BUILD_ARGS = ["--budgets", "16,64", "--max-context", "512"]
 
 
