@@ -1,4 +1,4 @@
-"""Runtime test fixtures on the session-wide tiny engine dir (tests/families/llava/fixtures.py; demo_image: tests/conftest.py)."""
+"""Runtime test fixtures on the session-wide tiny LLaVA engine dir (tests/families/llava/fixtures.py)."""
 
 import shutil
 

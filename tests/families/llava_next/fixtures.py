@@ -1,4 +1,5 @@
-"""Session fixtures for the LLaVA-NeXT family (loaded by tests/conftest.py): the tiny random checkpoint, its HF model and processor.
+"""Session fixtures for the LLaVA-NeXT family (a plugin of tests/conftest.py): the tiny random checkpoint, its HF
+model and processor.
 
 `next_checkpoint` -> llava-hf-format LLaVA-NeXT checkpoint (preset "llava-next-tiny": 84-px tiles of
 6x6 patches, pinpoints 1x2/2x1/2x2/3x1/1x3 tiles, Llama GQA 4/2 heads, hidden 64, local BPE tokenizer).

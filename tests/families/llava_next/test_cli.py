@@ -61,7 +61,7 @@ def test_budget_above_n_keeps_every_candidate(next_pipe):
 def test_extreme_and_tiny_images_give_an_answer(next_pipe, size):
     """10,000 x 50 keeps no grid rows (n = 36 base tokens), 50 x 10,000 keeps 18 newline-only rows, 1 x 1 is
     upscaled: each is a correct HF-shaped request (the token counts are checked against HF in
-    test_llava_next_preprocess.py), not a traceback."""
+    test_preprocess.py), not a traceback."""
     w, h = size
     res = next_pipe.generate(smooth_image(w, h), "What is it?", budget=16, max_new_tokens=2)
     assert len(res.kept_indices) == 16 and res.num_visual_tokens >= 36 and len(res.token_ids) == 2

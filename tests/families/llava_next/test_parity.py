@@ -1,7 +1,7 @@
 """Every exported LLaVA-NeXT graph against the HF PyTorch model (onnxruntime CPU, tiny GQA checkpoint, fp32).
 
-Same tolerances as LLaVA-1.5's tests/export/test_parity.py; the vision graph's parity (over the tile axis, with
-HF's packing) is in test_llava_next_vision.py. Inputs are real NeXT requests: HF's processor and HF's packed
+Same tolerances as LLaVA-1.5's tests/families/llava/test_graph_parity.py; the vision graph's parity (over the
+tile axis, with HF's packing) is in test_vision.py. Inputs are real NeXT requests: HF's processor and HF's packed
 features (tests/families/llava_next/hf_reference.py).
 """
 
