@@ -21,12 +21,12 @@ from tqdm.auto import tqdm
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
-from coverpruner.export.onnx_io import ExportError, SavedGraph, export_graph, remove_graph_files, save_proto
+from coverpruner.export.graph_specs import graph_specs
+from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, export_graph, remove_graph_files,
+                                     save_proto)
 from coverpruner.families import family_for_model_type
 
-DTYPES = {"fp32": "float32", "fp16": "float16"}
-# Graphs whose weights exceed this go to external data in "auto" mode (protobuf's hard limit is 2 GiB).
-EXTERNAL_DATA_BYTES = 1 << 30
+FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
 
 
 @dataclass
@@ -83,7 +83,7 @@ def family_option_defaults(family, given: dict) -> dict:
 
 
 def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> SavedGraph:
-    from coverpruner.export.selector_graph import build_selector_model
+    from coverpruner.export.selector import build_selector_model
 
     try:
         model = build_selector_model(float_dtype=float_dtype, opset=opts.opset, form=opts.selector_form)
@@ -118,15 +118,15 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     unknown = [g for g in opts.graphs if g not in GRAPHS]
     if unknown or not opts.graphs:
         raise ExportError(f"--graphs: unknown graph(s) {unknown}; expected a subset of {list(GRAPHS)}")
-    if opts.dtype not in DTYPES:
-        raise ExportError(f"--dtype: expected one of {list(DTYPES)}, got {opts.dtype!r}")
+    if opts.dtype not in FLOAT_DTYPES:
+        raise ExportError(f"--dtype: expected one of {list(FLOAT_DTYPES)}, got {opts.dtype!r}")
     config = _read_config(model_dir)
     family = family_for_model_type(config.model_type)
     option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
     output.mkdir(parents=True, exist_ok=True)
     for g in opts.graphs:
         remove_graph_files(output / f"{g}.onnx")
-    torch_dtype = getattr(torch, DTYPES[opts.dtype])
+    torch_dtype = getattr(torch, FLOAT_DTYPES[opts.dtype])
     order = [g for g in GRAPHS if g in opts.graphs]
     stages = ["load"] + order + ["manifest"]
     bar = tqdm(total=len(stages), desc="export", unit="stage", disable=not opts.progress)
@@ -138,16 +138,16 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
 
     stage("load model")
     t0 = time.perf_counter()
-    model = family.load_model(model_dir, DTYPES[opts.dtype]) if set(order) - {"selector"} else None
+    model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - {"selector"} else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()
-    # the family's graphs: module, example inputs, names and dynamic axes (contract.Family.export_specs)
-    specs = family.export_specs(model, config, torch_dtype) if model is not None else {}
+    # every graph's module, example inputs, names and dynamic axes (the family's parts and its vision spec)
+    specs = graph_specs(family, model, config, torch_dtype) if model is not None else {}
     for g in order:
         stage(g)
         t0 = time.perf_counter()
         if g == "selector":
-            saved = _export_selector(output, opts, DTYPES[opts.dtype])
+            saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
         else:
             spec = specs.pop(g)
             saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
