@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import ExportSpec, NativeLayout, ProbeParts
+from coverpruner.families.contract import NativeLayout, ProbeParts
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
