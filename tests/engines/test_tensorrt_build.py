@@ -23,7 +23,7 @@ pytestmark = pytest.mark.tensorrt
 
 
 def _selector_dir(tmp_path, dtype="float32", precision="fp32", form="loop"):
-    from coverpruner.export.selector_graph import build_selector_model
+    from coverpruner.export.selector import build_selector_model
 
     d = tmp_path / f"sel_{dtype}_{form}"
     d.mkdir()

@@ -62,7 +62,7 @@ def next_pipe(next_export):
 @pytest.fixture(scope="session")
 def next_settings(next_checkpoint):
     from coverpruner.families import get_family
-    from coverpruner.families.anyres import AnyresSettings
+    from coverpruner.families.llava_next.anyres import AnyresSettings
 
     return AnyresSettings.from_dict(get_family("llava_next").processor_settings(next_checkpoint))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coverpruner.families import get_family
-from coverpruner.testing.checkpoints import main
+from coverpruner.testing.cli import main
 from coverpruner.testing.llava_next_checkpoints import build_next_config
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from coverpruner.families import get_family, resolve_alias
-from coverpruner.families.base import render_image_prompt, tokenize_layout
-from coverpruner.families.anyres import AnyresSettings, geometry, prepare_tiles
+from coverpruner.families.hf import render_image_prompt, tokenize_layout
+from coverpruner.families.llava_next.anyres import AnyresSettings, geometry, prepare_tiles
 from coverpruner.runtime.errors import ImageError, ManifestError
 from tests.families.llava_next.fixtures import IMAGE_SIZES, smooth_image
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coverpruner.families.anyres import geometry
-from coverpruner.families.llava_next import panels
+from coverpruner.families.llava_next.anyres import geometry
+from coverpruner.families.llava_next.runtime import panels
 from coverpruner.runtime.visualize import draw_selection
 from tests.families.llava_next.fixtures import smooth_image
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from coverpruner.families.anyres import geometry, pack_features, prepare_tiles
+from coverpruner.families.llava_next.anyres import geometry, pack_features, prepare_tiles
 from tests.families.llava_next.fixtures import IMAGE_SIZES, smooth_image
 
 # Tile counts 5, 4, 3, 4 (2x2, 1x3, 1x2, 3x1 grids), square / landscape / tiny / extreme portrait.

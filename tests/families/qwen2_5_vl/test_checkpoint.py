@@ -32,7 +32,7 @@ def test_family_registry_and_aliases():
 
 @pytest.mark.slow
 def test_make_checkpoint_cli_writes_qwen(tmp_path, capsys):
-    from coverpruner.testing.checkpoints import main
+    from coverpruner.testing.cli import main
 
     assert main(["--preset", "qwen2.5-vl-tiny", "--layers", "1", "--output", str(tmp_path / "q")]) == 0
     cfg = json.loads((tmp_path / "q" / "config.json").read_text())

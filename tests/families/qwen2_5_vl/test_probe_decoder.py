@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from coverpruner.families import get_family
-from coverpruner.families.qwen_positions import decode_position
+from coverpruner.families.qwen2_5_vl.positions import decode_position
 from tests.families.qwen2_5_vl.fixtures import our_request, ort_session, sample_image
 from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from coverpruner.families.qwen_preprocess import QwenImageSettings, preprocess_qwen_image
-from coverpruner.families.qwen_vision import (VISION_INPUTS, image_cu_seqlens, vision_inputs, vision_position_ids,
+from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
+from coverpruner.families.qwen2_5_vl.vision import (VISION_INPUTS, image_cu_seqlens, vision_inputs, vision_position_ids,
                                               window_index)
 from tests.families.qwen2_5_vl.fixtures import ort_session, sample_image
 
@@ -97,7 +97,7 @@ def test_window_attention_matters(qwen_checkpoint, qwen_hf, vision_session):
 
 
 def test_padded_windows_round_trip():
-    from coverpruner.families.qwen_vision import padded_windows
+    from coverpruner.families.qwen2_5_vl.vision import padded_windows
 
     cu = np.array([0, 36, 60, 96, 104])
     gather, lengths, scatter = padded_windows(cu)

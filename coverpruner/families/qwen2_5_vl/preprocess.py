@@ -17,9 +17,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from PIL import Image
 
-_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from coverpruner.errors import ImageError
+from coverpruner.families.hf import CLIP_MEAN, CLIP_STD
+from coverpruner.images import load_rgb
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,8 @@ class QwenImageSettings:
     do_rescale: bool = True
     rescale_factor: float = 1 / 255
     do_normalize: bool = True
-    image_mean: tuple = _CLIP_MEAN
-    image_std: tuple = _CLIP_STD
+    image_mean: tuple = CLIP_MEAN
+    image_std: tuple = CLIP_STD
 
     @property
     def factor(self) -> int:
@@ -156,19 +158,8 @@ def preprocess_qwen_image(image, s: QwenImageSettings, image_size=None) -> QwenI
 
     Raises ImageError for unreadable images and ValueError for an image_size the processor could not produce.
     """
-    from PIL import Image
-
-    from coverpruner.runtime.errors import ImageError
-    from coverpruner.runtime.preprocess import to_rgb, load_image
-
     fixed = check_image_size(image_size, s) if image_size is not None else None
-    img = load_image(image)
-    try:
-        rgb = to_rgb(img) if s.do_convert_rgb else np.asarray(img)
-    except OSError as exc:
-        raise ImageError(f"cannot decode image: {exc}") from None
-    if rgb.ndim == 2:
-        rgb = rgb[:, :, None]
+    _, rgb = load_rgb(image, s.do_convert_rgb)
     original = rgb.shape[:2]
     h, w = original
     if fixed is not None:

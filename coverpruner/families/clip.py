@@ -1,4 +1,6 @@
-"""CLIP-style image preprocessing in numpy/PIL from saved processor settings.
+"""CLIP vision towers (LLaVA-1.5, LLaVA-NeXT): image preprocessing in numpy/PIL from saved processor settings,
+the processor settings of a checkpoint, the region a crop keeps, and (torch, imported lazily) where the
+image features sit in the HF model.
 
 Reproduces the steps (and their dtypes and rounding) of transformers' PIL image processors
 (CLIPImageProcessorPil / LlavaImageProcessorPil): convert to RGB compositing alpha on white ->
@@ -9,21 +11,17 @@ The output equals the HF processor's ``pixel_values`` exactly for the same setti
 
 from __future__ import annotations
 
+import json
 import math
-import os
-import re
-import struct
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
-from coverpruner.runtime.errors import ImageError, ManifestError
-
-_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from coverpruner.errors import ManifestError
+from coverpruner.families.hf import CLIP_MEAN, CLIP_STD
+from coverpruner.images import load_rgb
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,8 @@ class ImageSettings:
     do_rescale: bool = True
     rescale_factor: float = 1 / 255
     do_normalize: bool = True
-    image_mean: tuple = _CLIP_MEAN
-    image_std: tuple = _CLIP_STD
+    image_mean: tuple = CLIP_MEAN
+    image_std: tuple = CLIP_STD
 
     @classmethod
     def from_dict(cls, d: dict) -> "ImageSettings":
@@ -89,47 +87,6 @@ class ImageSettings:
         return self.height or self.shortest_edge, self.width or self.shortest_edge
 
 
-def load_image(image) -> Image.Image:
-    """Open a path (str/PathLike) or pass a PIL image through; ImageError on missing/corrupt files."""
-    if isinstance(image, Image.Image):
-        return image
-    if isinstance(image, np.ndarray):
-        if image.dtype != np.uint8 or image.ndim not in (2, 3):
-            raise ImageError(f"numpy image must be uint8 [H,W] or [H,W,C], got {image.dtype} {image.shape}")
-        return Image.fromarray(image)
-    if not isinstance(image, (str, os.PathLike)):
-        raise ImageError(f"image must be a path, a PIL image or a uint8 array, got {type(image).__name__}")
-    path = Path(image)
-    if not path.is_file():
-        raise ImageError(f"image not found: {path}")
-    try:
-        with warnings.catch_warnings():
-            # PIL only warns between MAX_IMAGE_PIXELS and twice that, then decodes gigabytes: refuse it as well
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(path)
-            img.load()  # decode now so truncated files fail here, not deep inside resize
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        size = re.search(r"\((\d+) pixels\)", str(exc))
-        pixels = f"{int(size.group(1)):,} pixels" if size else "too many pixels"
-        raise ImageError(f"image {path} has {pixels}, over the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS} "
-                         "pixels (PIL.Image.MAX_IMAGE_PIXELS)") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error, IndexError,
-            KeyError, TypeError, MemoryError) as exc:
-        # what PIL's decoders raise on malformed files (EOFError, struct.error, IndexError, ... from plugins)
-        raise ImageError(f"cannot read image {path}: {type(exc).__name__}: {exc}") from None
-    return img
-
-
-def to_rgb(img: Image.Image) -> np.ndarray:
-    """uint8 [H,W,3]; transparency is composited onto white like transformers' convert_to_rgb."""
-    has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
-    if has_alpha:
-        rgba = img.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        img = Image.alpha_composite(white, rgba)
-    return np.asarray(img.convert("RGB"))
-
-
 def _pad_to_square(chw: np.ndarray, color) -> np.ndarray:
     c, h, w = chw.shape
     if h == w:
@@ -171,14 +128,7 @@ def _center_crop(chw: np.ndarray, ch: int, cw: int) -> np.ndarray:
 
 def preprocess_image(image, settings: ImageSettings) -> np.ndarray:
     """Image (path / PIL / uint8 array) -> pixel_values float32 [1, 3, H, W]."""
-    img = load_image(image)
-    try:
-        rgb = to_rgb(img) if settings.do_convert_rgb else np.asarray(img)
-    except (OSError, ValueError, EOFError, struct.error, MemoryError) as exc:
-        raise ImageError(f"cannot decode image (PIL mode {img.mode}, size {img.size}): "
-                         f"{type(exc).__name__}: {exc}") from None
-    if rgb.ndim == 2:
-        rgb = rgb[:, :, None]
+    _, rgb = load_rgb(image, settings.do_convert_rgb)
     chw = np.ascontiguousarray(np.moveaxis(rgb, -1, 0))  # uint8 [C,H,W]
     if settings.do_pad:
         chw = _pad_to_square(chw, [int(x * 255) for x in settings.image_mean])
@@ -201,3 +151,63 @@ def preprocess_image(image, settings: ImageSettings) -> np.ndarray:
         std = np.asarray(settings.image_std, dtype=x.dtype)[:, None, None]
         x = (x - mean) / std
     return np.ascontiguousarray(x, dtype=np.float32)[None]
+
+
+def crop_box(width: int, height: int, settings: ImageSettings) -> tuple[float, float, float, float]:
+    """(left, top, right, bottom) in original-image pixels of the region the CLIP preprocessing keeps:
+    optional pad-to-square, shortest-edge resize, center crop (the steps of `preprocess_image`)."""
+    ox = oy = 0.0
+    fw, fh = width, height
+    if settings.do_pad and width != height:
+        side = max(width, height)
+        ox, oy = (0.0, (side - height) // 2) if width > height else ((side - width) // 2, 0.0)
+        fw = fh = side
+    nh, nw = resize_size(fh, fw, settings) if settings.do_resize else (fh, fw)
+    sx, sy = fw / nw, fh / nh
+    if settings.do_center_crop:
+        ch, cw = settings.crop_height, settings.crop_width
+        top, left = (nh - ch) // 2, (nw - cw) // 2
+    else:
+        ch, cw, top, left = nh, nw, 0, 0
+    return (left * sx - ox, top * sy - oy, (left + cw) * sx - ox, (top + ch) * sy - oy)
+
+
+def read_processor_config(model_dir: Path) -> tuple[dict, int | None]:
+    """(image processor settings, patch_size or None) of a checkpoint: preprocessor_config.json, else
+    processor_config.json's "image_processor" (whose "patch_size" is returned too). FileNotFoundError if neither."""
+    d = Path(model_dir)
+    cfg, patch = None, None
+    if (d / "processor_config.json").is_file():
+        proc = json.loads((d / "processor_config.json").read_text())
+        cfg, patch = proc.get("image_processor"), proc.get("patch_size")
+    if (d / "preprocessor_config.json").is_file():
+        cfg = json.loads((d / "preprocessor_config.json").read_text())
+    if not cfg:
+        raise FileNotFoundError(f"{d}: no image processor settings (preprocessor_config.json or "
+                                "processor_config.json['image_processor'])")
+    return cfg, patch
+
+
+def tokens_per_crop(config) -> int:
+    """Image rows one CLIP crop gives a LLaVA config: (side/patch)^2, + CLS with the "full" strategy."""
+    v = config.vision_config
+    n = (v.image_size // v.patch_size) ** 2 + 1  # CLIP prepends CLS
+    return n - 1 if config.vision_feature_select_strategy == "default" else n
+
+
+def image_features(model, pixel_values):
+    """pixel_values float [B,3,H,W] -> projector outputs float [B,n,d] of a llava-hf model (CLIP hidden state at
+    vision_feature_layer(s), CLS dropped by the "default" strategy, multi-modal projector).
+
+    Same computation as `get_image_features`, written batch-first so it traces with a dynamic batch.
+    """
+    import torch
+
+    cfg = model.config
+    out = model.model.vision_tower(pixel_values, output_hidden_states=True, return_dict=True)
+    layers = cfg.vision_feature_layer
+    layers = [layers] if isinstance(layers, int) else list(layers)
+    feats = [out.hidden_states[i] for i in layers]
+    if cfg.vision_feature_select_strategy == "default":
+        feats = [f[:, 1:] for f in feats]
+    return model.model.multi_modal_projector(torch.cat(feats, dim=-1) if len(feats) > 1 else feats[0])

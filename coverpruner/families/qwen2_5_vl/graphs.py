@@ -2,7 +2,7 @@
 
 QwenVisionGraph runs HF's own vision submodules (patch embedding, axial rotary embedding, blocks' norms,
 qkv/proj linears and MLPs, patch merger) with the data-dependent parts supplied as tensors
-(coverpruner.families.qwen_vision), so the ONNX graph has no Loop over windows and any grid within the
+(coverpruner.families.qwen2_5_vl.vision), so the ONNX graph has no Loop over windows and any grid within the
 limits runs through the same graph: window blocks gather the patches into W windows padded to S slots and
 run one batched attention [W, H, S, S] with the padding keys masked (cost W*S^2, ~N*S, instead of N^2);
 full-attention blocks run one attention over all N patches with a block-diagonal mask built from segment
@@ -27,7 +27,7 @@ class QwenVisionGraph(nn.Module):
 
     Inputs: pixel_values [N, C*T*P*P] (processor order, model dtype), vision_position_ids int64 [N, 2],
     window_index int64 [n], window_inverse int64 [n], window_gather int64 [W, S], window_lengths int64 [W],
-    window_scatter int64 [N], full_segments int64 [N] (see qwen_vision). Output: image_features [n, d_text] (model dtype) == HF
+    window_scatter int64 [N], full_segments int64 [N] (see vision.py). Output: image_features [n, d_text] (model dtype) == HF
     `get_image_features(...).pooler_output` for the image.
     """
 

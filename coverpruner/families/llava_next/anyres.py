@@ -22,10 +22,10 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from coverpruner.errors import ManifestError
-
-# The image loading and the CLIP float steps live in coverpruner/runtime/ (bit-equal to HF's PIL processors);
-# they are imported inside the run-time functions so exporting (which reads AnyresSettings) stays runtime-free.
+from coverpruner.errors import ImageError, ManifestError
+from coverpruner.families.clip import ImageSettings, preprocess_image
+from coverpruner.families.hf import CLIP_MEAN, CLIP_STD
+from coverpruner.images import load_rgb
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class AnyresSettings:
     pinpoints: tuple[tuple[int, int], ...]
     resample: int = 3
     rescale_factor: float = 1 / 255
-    image_mean: tuple = (0.48145466, 0.4578275, 0.40821073)
-    image_std: tuple = (0.26862954, 0.26130258, 0.27577711)
+    image_mean: tuple = CLIP_MEAN
+    image_std: tuple = CLIP_STD
 
     @classmethod
     def from_dict(cls, d: dict) -> "AnyresSettings":
@@ -176,8 +176,6 @@ def geometry(height: int, width: int, s: AnyresSettings) -> AnyresGeometry:
     """AnyresGeometry of an H x W image. Unpadding follows HF's unpad_image exactly: the scale from the
     side that fills the grid, `int(round(x, 7))`, and a symmetric cut of (cur - new)//2 on each side."""
     if height < 1 or width < 1:
-        from coverpruner.runtime.errors import ImageError
-
         raise ImageError(f"image has no pixels ({width}x{height})")
     best = best_resolution(height, width, s.pinpoints)
     gh, gw = best[0] // s.tile, best[1] // s.tile
@@ -206,14 +204,7 @@ def prepare_tiles(image, s: AnyresSettings) -> tuple[np.ndarray, AnyresGeometry]
 
     T = 1 + gh*gw: the base image first, then the tiles row-major (HF's order).
     """
-    from coverpruner.runtime.errors import ImageError
-    from coverpruner.runtime.preprocess import ImageSettings, to_rgb, load_image, preprocess_image
-
-    img = load_image(image)
-    try:
-        rgb = to_rgb(img)  # uint8 [H,W,3], alpha composited on white like HF's convert_to_rgb
-    except OSError as exc:
-        raise ImageError(f"cannot decode image: {exc}") from None
+    _, rgb = load_rgb(image)  # uint8 [H,W,3], alpha composited on white like HF's convert_to_rgb
     height, width = rgb.shape[:2]
     geo = geometry(height, width, s)
     rh, rw = geo.resized

@@ -26,9 +26,9 @@ import onnx
 from coverpruner.engine_dir import MANIFEST, read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.export.manifest import graph_entry
-from coverpruner.export.onnx_io import MAX_IR_VERSION, SavedGraph, check, data_file_name
+from coverpruner.export.onnx_io import EXTERNAL_DATA_BYTES, MAX_IR_VERSION, SavedGraph, check, data_file_name
 
-DTYPES = {"int4": 4, "int8": 8}
+WEIGHT_BITS = {"int4": 4, "int8": 8}  # --quantize -> bits per weight
 FORMATS = ("ort", "qdq")
 BLOCK_SIZES = (32, 64, 128)
 #: Graphs with MatMul weights worth quantizing ("embed" = the token table, ORT form int4 only).
@@ -37,7 +37,6 @@ QUANT_GRAPHS = ("decoder", "vision", "probe", "embed")
 QUANT_OPS = ("MatMulNBits", "DequantizeLinear", "GatherBlockQuantized")
 TMP_DIR = ".quantize-tmp"
 DEFAULT_ACCURACY_LEVEL = 4  # MatMulNBits int8 compute: see QuantOptions
-EXTERNAL_DATA_BYTES = 1 << 30  # as the exporter's "auto": graphs above 1 GiB keep weights in <graph>.onnx.data
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
 
@@ -63,7 +62,7 @@ class QuantOptions:
 
     @property
     def bits(self) -> int:
-        return DTYPES[self.dtype]
+        return WEIGHT_BITS[self.dtype]
 
     @property
     def matmulnbits_accuracy_level(self) -> int | None:
@@ -73,8 +72,8 @@ class QuantOptions:
         return DEFAULT_ACCURACY_LEVEL if self.accuracy_level is None else self.accuracy_level
 
     def validate(self) -> None:
-        if self.dtype not in DTYPES:
-            raise QuantizeError(f"--quantize: expected one of {list(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in WEIGHT_BITS:
+            raise QuantizeError(f"--quantize: expected one of {list(WEIGHT_BITS)}, got {self.dtype!r}")
         if self.form not in FORMATS:
             raise QuantizeError(f"--quant-format: expected one of {list(FORMATS)}, got {self.form!r}")
         if self.block_size not in BLOCK_SIZES:
@@ -271,5 +270,5 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
     return QuantResult(record, before, after)
 
 
-__all__ = ["BLOCK_SIZES", "DTYPES", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
+__all__ = ["BLOCK_SIZES", "WEIGHT_BITS", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
            "quantize_engine_dir", "quantized_ops", "matmul_targets", "graph_bytes"]
