@@ -15,12 +15,16 @@ LAYERS, D, HEADS, HD, VOCAB = 2, 8, 2, 4, 11
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
+def graph(tmp_path_factory):
+    """(the fake decoder's ORT session, its weights for the numpy twin fake_decoder.reference_logits)."""
     path = tmp_path_factory.mktemp("fake_decoder") / "dec.onnx"
     weights = fake_decoder.build(path, LAYERS, D, HEADS, HD, VOCAB)
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    sess.weights = weights  # for the numpy twin (fake_decoder.reference_logits)
-    return sess
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]), weights
+
+
+@pytest.fixture(scope="module")
+def session(graph):
+    return graph[0]
 
 
 def _tokens(n, seed=3):
@@ -62,7 +66,8 @@ def test_snapshot_holds_the_graphs_own_present_arrays(session):
 
 
 @pytest.mark.parametrize("prefix", [0, 4, 5])
-def test_restore_then_forward_equals_the_uninterrupted_run(session, prefix):
+def test_restore_then_forward_equals_the_uninterrupted_run(graph, prefix):
+    session, weights = graph
     emb, pos = _tokens(10)
     dec = OrtDecoderSession(session, LAYERS, HEADS, HD, VOCAB)
     dec.reset(10)
@@ -89,7 +94,7 @@ def test_restore_then_forward_equals_the_uninterrupted_run(session, prefix):
         np.testing.assert_array_equal(_run_steps(loop, emb, pos, prefix, 10), want)
         assert loop.length == 10
     # and both equal the numpy twin of the graph over the whole sequence
-    ref = fake_decoder.reference_logits(session.weights, LAYERS, HEADS, HD, emb, pos)
+    ref = fake_decoder.reference_logits(weights, LAYERS, HEADS, HD, emb, pos)
     np.testing.assert_allclose(want[-1], ref, rtol=1e-4, atol=1e-3)
 
 
