@@ -5,11 +5,11 @@ five graphs + manifest.json) at most once per run, on first use; every family fi
 `next_export`, `qwen_checkpoint`, ...) and the matrix's `family` read from it, so nothing is built twice.
 
 `family` is parametrised over MATRIX (tests/family_matrix.py): one entry per model family's tiny preset. A test
-that takes it runs for every family (tests/matrix/); a family joins by one MATRIX line plus its facts module
-tests/families/<name>/matrix.py (tests/README.md).
+that takes it runs for every family (tests/matrix/); a family joins by its facts module
+tests/families/<name>/matrix.py (with `PRESET`), found on disk (tests/README.md).
 
-The family-specific fixtures live in tests/families/<name>/fixtures.py, loaded here as plugins so every folder
-(export, runtime, serving, ...) shares the same session instances.
+The family-specific fixtures live in tests/families/<name>/fixtures.py, found on disk and loaded here as plugins
+so every folder (export, runtime, serving, ...) shares the same session instances.
 """
 
 from __future__ import annotations
@@ -21,13 +21,9 @@ from types import ModuleType
 
 import pytest
 
-from tests.family_matrix import MATRIX, MatrixEntry
+from tests.family_matrix import MATRIX, MatrixEntry, fixture_plugins
 
-pytest_plugins = [
-    "tests.families.llava.fixtures",
-    "tests.families.llava_next.fixtures",
-    "tests.families.qwen2_5_vl.fixtures",
-]
+pytest_plugins = fixture_plugins()  # tests/families/<name>/fixtures.py of every family folder
 
 
 class Builds:

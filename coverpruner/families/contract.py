@@ -1,7 +1,8 @@
 """The family contract (v3): what export, engines and runtime ask a model family, typed.
 
 A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one package under families/ with a class satisfying
-`Family`, registered by one `FamilyEntry` in families/__init__.py; its `runtime(manifest)` returns a
+`Family`, registered by the `FAMILY = FamilyEntry(...)` its package's __init__ declares (the registry,
+families/__init__.py, finds the packages itself); its `runtime(manifest)` returns a
 `FamilyRuntime` bound to one engine dir. Nothing outside families/ tests which family it runs. Most
 families build on the shared Hugging Face base, families/hf.py (`HFFamily`, `HFRuntime`); no family
 imports another family. One request, as the runtime drives it (shapes for batch 1):
@@ -204,10 +205,22 @@ class FamilyRuntime(Protocol):
         the native [R, L] and pruned [R, L'] positions. LLaVA: L' + step; Qwen2.5-VL: max(native) + 1 + step."""
 
 
+@dataclass(frozen=True)
+class FamilyEntry:
+    """How the registry (families/__init__.py) knows a family, declared as `FAMILY` in its package __init__.
+
+    adapter: "module:Class" of the `Family`; model_types: HF config.model_type values it handles; aliases: short
+    name -> HF repo id (coverpruner-export --model)."""
+
+    adapter: str
+    model_types: tuple[str, ...] = ()
+    aliases: dict[str, str] = field(default_factory=dict)
+
+
 @runtime_checkable
 class Family(Protocol):
-    """A model family adapter (one package in families/, registered by one FamilyEntry in families/__init__.py,
-    which also holds its HF model types and aliases)."""
+    """A model family adapter (one package in families/, registered by the `FAMILY = FamilyEntry(...)` of its
+    package __init__, which also holds its HF model types and aliases)."""
 
     name: str  # manifest "family" (= its registry key)
     support_files: tuple[str, ...]  # checkpoint files copied into the engine dir (tokenizer, processor, ...)

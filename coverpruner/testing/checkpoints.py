@@ -1,24 +1,16 @@
 """Write a random-weight checkpoint of any preset (testing/presets.py) with its family's writer.
 
 `write_checkpoint(output, preset="tiny", layers=None, seed=0, vision_layers=None)` is what tests, demos and
-benchmarks call; the writers live in testing/<family>_checkpoints.py and are imported when needed.
+benchmarks call; each preset row names its writer (testing/<family>_checkpoints.py), imported when needed.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from pathlib import Path
 
 from coverpruner.testing.presets import PRESETS
-
-# family (registry name) -> "module:function" of its checkpoint writer
-WRITERS = {
-    "llava": "coverpruner.testing.llava_checkpoints:write_llava_checkpoint",
-    "llava_next": "coverpruner.testing.llava_next_checkpoints:write_next_checkpoint",
-    "qwen2_5_vl": "coverpruner.testing.qwen_checkpoints:write_qwen_checkpoint",
-}
-VISION_LAYER_FAMILIES = ("llava_next",)  # writers that take vision_layers
-
 
 def all_presets() -> list[str]:
     """Every preset the CLI can write (LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL)."""
@@ -34,11 +26,12 @@ def write_checkpoint(output: str | Path, preset: str = "tiny", layers: int | Non
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {all_presets()}")
-    family = PRESETS[preset].family
+    module, func = PRESETS[preset].writer.split(":")
+    writer = getattr(importlib.import_module(module), func)
     kwargs = {"layers": layers, "seed": seed}
-    if family in VISION_LAYER_FAMILIES:
+    if "vision_layers" in inspect.signature(writer).parameters:
         kwargs["vision_layers"] = vision_layers
     elif vision_layers is not None:
-        raise ValueError(f"--vision-layers is only supported for the LLaVA-NeXT presets, not {preset!r}")
-    module, func = WRITERS[family].split(":")
-    return getattr(importlib.import_module(module), func)(output, preset=preset, **kwargs)
+        raise ValueError(f"--vision-layers is only supported for the LLaVA-NeXT presets (writers that take "
+                         f"vision_layers), not {preset!r}")
+    return writer(output, preset=preset, **kwargs)

@@ -9,7 +9,8 @@ Presets:
   llava-next-7b    llava-v1.6-vicuna-7b widths (CLIP-L/336 + vicuna-7b, 672-px pinpoints).
   qwen2.5-vl-tiny  Qwen2.5-VL: a 64-wide window-attention ViT and Qwen2 decoder with M-RoPE.
   qwen2.5-vl-7b    Qwen2.5-VL-7B-Instruct widths.
-Each family's writer (testing/<family>_checkpoints.py) turns a preset into an HF checkpoint directory.
+Each row names its family (registry name) and its writer ("module:function", testing/<family>_checkpoints.py),
+which turns the preset into an HF checkpoint directory; a new family adds rows here and its writer module.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class Preset:
     init_range: float
     extra: dict = field(default_factory=dict)
     family: str = "llava"  # the registry name of the model family the checkpoint belongs to
+    # "module:function" of the checkpoint writer (checkpoints.write_checkpoint imports it when asked)
+    writer: str = "coverpruner.testing.llava_checkpoints:write_llava_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class QwenPreset:
     init_range: float
     vision_layers: int | None = None
     family: str = "qwen2_5_vl"
+    writer: str = "coverpruner.testing.qwen_checkpoints:write_qwen_checkpoint"
 
 
 # ---------------------------------------------------------------------------------------------- LLaVA-1.5
@@ -71,6 +75,8 @@ _LLAVA_7B = Preset(
 # llava-v1.6 pinpoints, (height, width) in pixels, as multiples of the tile size.
 _V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
 
+_NEXT_WRITER = "coverpruner.testing.llava_next_checkpoints:write_next_checkpoint"
+
 PRESETS: dict[str, Preset | QwenPreset] = {
     "tiny": _TINY,
     "llava-1.5-7b": _LLAVA_7B,
@@ -78,11 +84,13 @@ PRESETS: dict[str, Preset | QwenPreset] = {
     "llava-next-tiny": Preset(
         vision={**_TINY.vision, "image_size": 84}, text=_TINY.text, tokenizer_vocab=_TINY.tokenizer_vocab,
         dtype="float32", init_range=_TINY.init_range, extra=dict(grids=_V16_GRIDS), family="llava_next",
+        writer=_NEXT_WRITER,
     ),
     # llava-v1.6-vicuna-7b has llava-1.5-7b's widths (CLIP ViT-L/14-336 + vicuna-7b); only the anyres grid differs.
     "llava-next-7b": Preset(
         vision=_LLAVA_7B.vision, text=_LLAVA_7B.text, tokenizer_vocab=1000, dtype="float16", init_range=0.02,
         extra=dict(grids=_V16_GRIDS), family="llava_next",
+        writer=_NEXT_WRITER,
     ),
     "qwen2.5-vl-tiny": QwenPreset(
         vision=dict(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64,

@@ -2,7 +2,14 @@
 (preprocess.py: smart resize, patchify), the vision graph's host tables (vision.py), M-RoPE positions
 (positions.py), all numpy; the export-time torch vision wrapper (graphs.py, imports torch)."""
 
+from coverpruner.families.contract import FamilyEntry
 from coverpruner.families.qwen2_5_vl.family import IMAGE_SIZE_OPTION, Qwen25VLFamily
 from coverpruner.families.qwen2_5_vl.runtime import IMAGE_TOKEN, QwenRuntime
 
-__all__ = ["IMAGE_SIZE_OPTION", "IMAGE_TOKEN", "Qwen25VLFamily", "QwenRuntime"]
+# Found by the registry (families/__init__.py): adapter, HF model types, coverpruner-export aliases.
+FAMILY = FamilyEntry("coverpruner.families.qwen2_5_vl:Qwen25VLFamily", ("qwen2_5_vl",), {
+    "qwen2.5-vl-7b": "Qwen/Qwen2.5-VL-7B-Instruct",
+    "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
+})
+
+__all__ = ["FAMILY", "IMAGE_SIZE_OPTION", "IMAGE_TOKEN", "Qwen25VLFamily", "QwenRuntime"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# the tiny preset (coverpruner/testing/presets.py) the matrix builds for this family
+PRESET = "tiny"
+
 # candidates of assets/demo.png (tests/matrix/test_pipeline_api.py): CLIP 168/14 -> 12 x 12, every image
 DEMO_CANDIDATES = 144
 # compact positions: a pruned prompt uses fewer positions

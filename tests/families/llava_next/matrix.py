@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# the tiny preset (coverpruner/testing/presets.py) the matrix builds for this family
+PRESET = "llava-next-tiny"
+
 # candidates of assets/demo.png (tests/matrix/test_pipeline_api.py)
 DEMO_CANDIDATES = 156
 # compact positions: a pruned prompt uses fewer positions

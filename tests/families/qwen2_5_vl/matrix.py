@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# the tiny preset (coverpruner/testing/presets.py) the matrix builds for this family
+PRESET = "qwen2.5-vl-tiny"
+
 # candidates of assets/demo.png (tests/matrix/test_pipeline_api.py)
 DEMO_CANDIDATES = 140
 # M-RoPE: kept rows keep their native positions and decoding continues
