@@ -202,3 +202,24 @@ def test_engines_do_not_import_runtime():
             + "print('runtime modules:', bad)\nraise SystemExit(1 if bad else 0)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def picture_layers(doc: str) -> list[tuple[str, ...]]:
+    """The layers of docs/architecture.md's picture (the first code block after "## Layers"), bottom first:
+    each line's names before its description (`serving/` -> coverpruner.serving, `demo.py` -> coverpruner.demo,
+    `__init__.py` -> coverpruner)."""
+    block = doc.split("## Layers", 1)[1].split("```", 2)[1]
+    out = []
+    for line in block.strip("\n").splitlines():
+        words = [w for w in line.split() if w.endswith(("/", ".py"))]
+        out.append(tuple("coverpruner" if w == "__init__.py" else "coverpruner." + w.removesuffix("/").removesuffix(".py")
+                         for w in words))
+    return out[::-1]
+
+
+def test_architecture_picture_follows_layers():
+    """docs/architecture.md's layer picture is LAYERS (the source), top to bottom, nothing more or less."""
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    assert [sorted(layer) for layer in picture_layers(doc)] == [sorted(layer) for layer in LAYERS]
+    swapped = doc.replace(" runtime/ ", " RUNTIME ").replace(" testing/ ", " runtime/ ").replace(" RUNTIME ", " testing/ ")
+    assert [sorted(layer) for layer in picture_layers(swapped)] != [sorted(layer) for layer in LAYERS]
