@@ -98,9 +98,16 @@ class FamilyUnderTest:
 
 
 def pytest_generate_tests(metafunc):
-    """`family` runs over MATRIX; with `case_id` too, over each family's PIPELINE_CASES (ids "llava-demo")."""
+    """`family` runs over MATRIX; with `case_id` too, over each family's PIPELINE_CASES (ids "llava-demo"); with
+    `graph_case` / `decoder_case`, over its GRAPH_CASES / DECODER_CASES (ids "llava-vision-batch2")."""
     if "family" not in metafunc.fixturenames:
         return
+    for cases in ("graph_case", "decoder_case"):  # each family's GRAPH_CASES / DECODER_CASES (graph parity)
+        if cases in metafunc.fixturenames:
+            pairs = [(entry, c) for entry in MATRIX for c in getattr(_facts(entry.name), cases.upper() + "S")]
+            metafunc.parametrize(["family", cases], pairs, ids=[f"{e.name}-{c}" for e, c in pairs],
+                                 indirect=["family"], scope="session")
+            return
     if "case_id" not in metafunc.fixturenames:
         metafunc.parametrize("family", MATRIX, ids=[e.name for e in MATRIX], indirect=True, scope="session")
         return
