@@ -81,12 +81,27 @@ def _loop_body() -> onnx.GraphProto:
 
 
 def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
-    """The standard-op selector graph (see module docstring for the contract)."""
+    """The standard-op selector graph (see module docstring for the contract): constants, utilities A,
+    demand weights w, the tie window, the loop state, then the greedy Loop and the ascending sort of its picks."""
     inputs = selector_inputs(float_dtype)  # validates float_dtype
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
-    n = helper.make_node
-    nodes = [
+    nodes = [*_constants(), *_utilities(), *_demand_weights(), *_tie_window(), *_loop_state(), *_greedy_loop()]
+    graph = helper.make_graph(
+        nodes,
+        "coverage_selector",
+        inputs=inputs,
+        outputs=selector_outputs(),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="coverpruner")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
+    onnx.checker.check_model(model)
+    return model
+
+
+def _constants() -> list[onnx.NodeProto]:
+    return [
         _const("eps", NORM_EPS, np.float32),
         _const("zero_f", 0.0, np.float32),
         _const("one_f", 1.0, np.float32),
@@ -102,7 +117,13 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
         _const("true", True, np.bool_),
-        # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
+    ]
+
+
+def _utilities() -> list[onnx.NodeProto]:
+    """cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32; n_tokens, n_f."""
+    n = helper.make_node
+    return [
         n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
         n("Mul", ["v", "v"], ["v_sq"]),
         n("ReduceSum", ["v_sq", "axis1"], ["sq_norm"], keepdims=1),
@@ -118,7 +139,13 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Div", ["row_sum", "n_f"], ["row_mean"]),
         n("Sub", ["M", "row_mean"], ["centred"]),
         n("Relu", ["centred"], ["A"]),
-        # demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]
+    ]
+
+
+def _demand_weights() -> list[onnx.NodeProto]:
+    """demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]"""
+    n = helper.make_node
+    return [
         n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
         n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
         n("Sub", ["r_max", "r_min"], ["span"]),
@@ -130,11 +157,24 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Mul", ["r_unit", "tau"], ["logit"]),
         n("Exp", ["logit"], ["w"]),
         n("Reshape", ["w", "shape_col"], ["w_col"]),
-        # tie window tie_rtol(n, float32) = min(n + 1, 8) * eps32, relative to each step's best gain
+    ]
+
+
+def _tie_window() -> list[onnx.NodeProto]:
+    """tie window tie_rtol(n, float32) = min(n + 1, 8) * eps32, relative to each step's best gain"""
+    n = helper.make_node
+    return [
         n("Add", ["n_f", "one_f"], ["n_plus_1"]),
         n("Min", ["n_plus_1", "max_tie_ulps"], ["tie_ulps"]),
         n("Mul", ["tie_ulps", "eps32"], ["tie_rtol"]),
-        # loop state and constants the body reads from the outer scope
+    ]
+
+
+def _loop_state() -> list[onnx.NodeProto]:
+    """loop state and constants the body reads from the outer scope: index_row, rank_row [1, n], c0 [n] zeros,
+    taken0 [1, n] false, trip_count = min(budget, n)."""
+    n = helper.make_node
+    return [
         n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
         n("Reshape", ["index", "shape_row"], ["index_row"]),  # [1, n] int64
         n("Sub", ["n_tokens", "index"], ["rank"]),
@@ -144,6 +184,13 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
+    ]
+
+
+def _greedy_loop() -> list[onnx.NodeProto]:
+    """The Loop of greedy steps and the ascending sort of its picks -> keep [m] int64."""
+    n = helper.make_node
+    return [
         # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
         # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
         # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
@@ -156,14 +203,3 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("TopK", ["picks_f", "k_1d"], ["sorted_f", "sorted_pos"], axis=0, largest=0, sorted=1),
         n("Cast", ["sorted_f"], ["keep"], to=TensorProto.INT64),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "coverage_selector",
-        inputs=inputs,
-        outputs=selector_outputs(),
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="coverpruner")
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
-    onnx.checker.check_model(model)
-    return model

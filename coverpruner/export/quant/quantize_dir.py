@@ -197,13 +197,24 @@ def _tool(opts: QuantOptions, graphs) -> str:
 def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: bool = False) -> QuantResult:
     """Quantize `opts.graphs` of the engine dir in place and record it in manifest.json (see module doc).
 
-    Raises QuantizeError for a bad option, a directory without a manifest, a graph the manifest lacks, or a
-    directory that is already quantized; the directory is unchanged then.
+    Four steps: check the directory, write every quantized graph into a temporary folder, swap them in over the
+    float ones, record the pass in the manifest. Raises QuantizeError for a bad option, a directory without a
+    manifest, a graph the manifest lacks, or a directory that is already quantized; the directory is unchanged then.
     """
-    from tqdm.auto import tqdm
-
     opts.validate()
     directory = Path(directory)
+    manifest = _checked_manifest(directory, opts)
+    tmp = directory / TMP_DIR
+    records, before, saved = _write_quantized(directory, tmp, manifest, opts, progress)
+    after = _swap_in(directory, tmp, manifest, saved)
+    record = _record(opts, records)
+    manifest["quantization"] = record
+    write_manifest(directory, manifest)
+    return QuantResult(record, before, after)
+
+
+def _checked_manifest(directory: Path, opts: QuantOptions) -> dict:
+    """The raw manifest of a float engine dir holding every graph of `opts.graphs`; QuantizeError otherwise."""
     try:
         manifest = read_raw(directory)
     except ManifestError as exc:
@@ -224,11 +235,18 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
         if found:
             raise QuantizeError(f"{directory / manifest['graphs'][g]['file']}: already quantized (has {found}); "
                                 "re-export the float graph before quantizing")
+    return manifest
 
-    tmp = directory / TMP_DIR
+
+def _write_quantized(directory: Path, tmp: Path, manifest: dict, opts: QuantOptions, progress: bool):
+    """Quantize each graph into `tmp` (removed again on any error, the directory untouched).
+
+    Returns ({graph: its quantization record}, {graph: float bytes}, {graph: SavedGraph in tmp})."""
+    from tqdm.auto import tqdm
+
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    records, before, after, saved = {}, {}, {}, {}
+    records, before, saved = {}, {}, {}
     try:
         for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
             entry = manifest["graphs"][g]
@@ -248,7 +266,13 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    # every graph is written and checked: move them over the float ones, then write the manifest
+    return records, before, saved
+
+
+def _swap_in(directory: Path, tmp: Path, manifest: dict, saved: dict) -> dict:
+    """Every graph is written and checked: move them over the float ones and point `manifest`'s graph entries at
+    them (in memory; the caller writes the manifest). Returns {graph: quantized bytes}."""
+    after = {}
     for g, s in saved.items():
         entry = manifest["graphs"][g]
         for f in [entry["file"], *entry.get("data_files", [])]:
@@ -258,16 +282,18 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
         manifest["graphs"][g] = graph_entry(SavedGraph(directory / s.onnx_file.name, s.data_files))
         after[g] = graph_bytes(directory, manifest["graphs"][g])
     shutil.rmtree(tmp, ignore_errors=True)
-    record = {
+    return after
+
+
+def _record(opts: QuantOptions, records: dict) -> dict:
+    """The manifest's "quantization" record of this pass (docs/quantization.md)."""
+    return {
         "method": "rtn-blockwise", "bits": opts.bits, "dtype": opts.dtype, "block_size": opts.block_size,
         "format": opts.form, "symmetric": opts.form == "qdq",
         "accuracy_level": opts.matmulnbits_accuracy_level,
         "lm_head": opts.lm_head and "decoder" in opts.graphs, "embeddings": "embed" in opts.graphs,
         "graphs": records, "tool": _tool(opts, opts.graphs),
     }
-    manifest["quantization"] = record
-    write_manifest(directory, manifest)
-    return QuantResult(record, before, after)
 
 
 __all__ = ["BLOCK_SIZES", "WEIGHT_BITS", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
