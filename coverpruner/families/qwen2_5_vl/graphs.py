@@ -5,8 +5,10 @@ qkv/proj linears and MLPs, patch merger) with the data-dependent parts supplied 
 (coverpruner.families.qwen2_5_vl.vision), so the ONNX graph has no Loop over windows and any grid within the
 limits runs through the same graph: window blocks gather the patches into W windows padded to S slots and
 run one batched attention [W, H, S, S] with the padding keys masked (cost W*S^2, ~N*S, instead of N^2);
-full-attention blocks run one attention over all N patches with a block-diagonal mask built from segment
-ids. Scores and softmax are float32 (as HF's eager path).
+full-attention blocks attend over all N patches with a block-diagonal mask built from segment ids, in
+FULL_ATTENTION_CHUNKS query blocks one after the other, so at most one block's scores [H, N/chunks, N] are
+alive at a time instead of [H, N, N] (1008x1008: N = 5,184, 16 heads: 1.7 GB per score tensor unchunked;
+benchmarks/bench_vision_memory.py). Scores and softmax are float32 (as HF's eager path).
 """
 
 from __future__ import annotations
@@ -15,9 +17,17 @@ import torch
 from torch import nn
 
 
-def _block_mask(seg: torch.Tensor) -> torch.Tensor:
-    """float32 [N, N] additive mask: 0 where segment ids match, float32 min elsewhere (block-diagonal)."""
-    same = seg[:, None] == seg[None, :]
+#: Query blocks of a full-attention block. Standard ops only (Split, MatMul, Softmax, Concat), so TensorRT builds
+#: the same graph; ONNX Runtime runs the blocks in order and reuses one block's buffers for the next. A fixed
+#: count (not a fixed block size) keeps the graph free of a Loop; 8 measured: peak 0.69 GiB for one
+#: 5,184-patch attention vs 7.1 GiB unchunked (docs/performance.md).
+FULL_ATTENTION_CHUNKS = 8
+
+
+def _block_mask(seg_rows: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
+    """float32 [B, N] additive mask of B query rows: 0 where segment ids match, float32 min elsewhere (the rows
+    of the block-diagonal [N, N] mask)."""
+    same = seg_rows[:, None] == seg[None, :]
     return torch.where(same, torch.zeros((), dtype=torch.float32),
                        torch.full((), torch.finfo(torch.float32).min, dtype=torch.float32))
 
@@ -57,9 +67,17 @@ class QwenVisionGraph(nn.Module):
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         return torch.matmul(probs, v).transpose(-2, -3).flatten(-2)
 
-    def _full_attention(self, attn, x, cos, sin, mask):
-        q, k, v = self._qkv(attn, x, cos, sin)
-        return attn.proj(self._attend(attn, q, k, v, mask))
+    def _full_attention(self, attn, x, cos, sin, segments):
+        """x [N, C] -> [N, C]: attention within each segment (image / frame), FULL_ATTENTION_CHUNKS query blocks
+        in turn; each block's mask [B, N] is built from the segment ids (no [N, N] mask)."""
+        q, k, v = self._qkv(attn, x, cos, sin)  # [H, N, hd]
+        n = q.shape[-2]
+        # block boundaries i*N//chunks as expressions of N: explicit slices export for any N (torch.tensor_split's
+        # sizes were fixed at the example's N)
+        ends = [i * n // FULL_ATTENTION_CHUNKS for i in range(FULL_ATTENTION_CHUNKS + 1)]
+        out = [self._attend(attn, q[:, a:b], k, v, _block_mask(segments[a:b], segments))  # [B, C] each
+               for a, b in zip(ends[:-1], ends[1:])]
+        return attn.proj(torch.cat(out, dim=0))
 
     def _window_attention(self, attn, x, cos, sin, gather, key_mask, scatter):
         """x [N, C] (window order) -> [N, C]: attention inside each window, windows batched and padded."""
@@ -76,7 +94,6 @@ class QwenVisionGraph(nn.Module):
         x = self._to_window_order(x, window_index)
         cos, sin = vis.rotary_pos_emb(x, vision_position_ids)
         cos, sin = self._to_window_order(cos, window_index), self._to_window_order(sin, window_index)
-        full_mask = _block_mask(full_segments)  # [N, N]
         slot = torch.arange(window_gather.shape[1], device=window_gather.device)
         key_mask = torch.where(slot[None, :] < window_lengths[:, None], torch.zeros((), dtype=torch.float32),
                                torch.full((), torch.finfo(torch.float32).min, dtype=torch.float32))
@@ -84,7 +101,7 @@ class QwenVisionGraph(nn.Module):
         for i, blk in enumerate(vis.blocks):
             h = blk.norm1(x)
             if i in self.full_blocks:
-                x = x + self._full_attention(blk.attn, h, cos, sin, full_mask)
+                x = x + self._full_attention(blk.attn, h, cos, sin, full_segments)
             else:
                 x = x + self._window_attention(blk.attn, h, cos, sin, window_gather, key_mask, window_scatter)
             x = x + blk.mlp(blk.norm2(x))

@@ -68,6 +68,39 @@ def vision_session(qwen_export):
 
 
 @pytest.mark.slow
+def test_vision_onnx_matches_hf_three_frames(qwen_hf, vision_session):
+    """Three frames (grid t=3, as a video): the full-attention blocks attend within each frame; frame boundaries
+    fall inside query blocks, so one block's mask rows [B, N] hold two segments."""
+    vc = qwen_hf.config.vision_config
+    grid = (3, 6, 8)  # 144 patches = 3 frames of 48; 8 query blocks of 18: frame 1 starts inside block 2 (36-54)
+    rng = np.random.default_rng(3)
+    pixels = rng.standard_normal((144, vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2), np.float32)
+    inputs = vision_inputs(pixels, grid, vc.spatial_merge_size, vc.window_size, vc.patch_size)
+    assert inputs["full_segments"].tolist() == [0] * 48 + [1] * 48 + [2] * 48
+    (ours,) = vision_session.run(None, inputs)
+    with torch.no_grad():
+        ref = qwen_hf.model.get_image_features(torch.from_numpy(pixels), torch.tensor([grid])).pooler_output[0].numpy()
+    assert ours.shape == ref.shape == (36, qwen_hf.config.text_config.hidden_size)
+    scale = np.abs(ref).max()  # the tolerance of test_vision_onnx_matches_hf
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-5 * scale)
+
+
+def test_full_attention_runs_in_query_blocks(qwen_export, qwen_hf):
+    """vision.onnx computes each full-attention block in FULL_ATTENTION_CHUNKS query blocks (one Softmax each), each
+    window block in one batched Softmax: the graph never holds a [heads, N, N] score tensor."""
+    import onnx
+
+    from coverpruner.families.qwen2_5_vl.graphs import FULL_ATTENTION_CHUNKS
+
+    vc = qwen_hf.config.vision_config
+    graph = onnx.load(str(qwen_export / "vision.onnx"), load_external_data=False).graph
+    softmax = sum(node.op_type == "Softmax" for node in graph.node)
+    full = len(vc.fullatt_block_indexes)
+    assert FULL_ATTENTION_CHUNKS > 1
+    assert softmax == (vc.depth - full) + full * FULL_ATTENTION_CHUNKS
+
+
+@pytest.mark.slow
 def test_window_attention_matters(qwen_checkpoint, qwen_hf, vision_session):
     """One window spanning the whole image (= full attention in the window blocks) changes V: the fixture
     exercises the window path."""
