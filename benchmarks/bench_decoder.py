@@ -188,6 +188,7 @@ def run(args) -> dict:
             "prompt_tokens": int(positions.shape[1]), "new_tokens": NEW_TOKENS, "rounds": args.rounds,
             "threads": args.threads, "results": results, "skipped": skipped,
             "platform": {"machine": platform.machine(), "cpus": os.cpu_count(),
+                         "load_average_1min_at_end": os.getloadavg()[0],  # other jobs on the cores skew absolutes
                          "onnxruntime": __import__("onnxruntime").__version__,
                          "onnxruntime_genai": getattr(__import__("onnxruntime_genai"), "__version__", None)
                          if "genai" in engines else None},
@@ -228,11 +229,11 @@ def main(argv: list[str] | None = None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     data = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / "decoder_qwen2.5-vl-7b-2l_cpu"
-    tmp = stem.with_suffix(".json.tmp")
+    stem = "decoder_qwen2.5-vl-7b-2l_cpu"  # has dots: no Path.with_suffix
+    tmp = args.out / f"{stem}.json.tmp"
     tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(stem.with_suffix(".json"))
-    plot(data, stem.with_suffix(".png"))
+    tmp.replace(args.out / f"{stem}.json")
+    plot(data, args.out / f"{stem}.png")
     print(json.dumps({k: {e: v for e, v in r.items()} for k, r in data["results"].items()}, default=str)[:2000])
     return 0
 
