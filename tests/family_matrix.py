@@ -1,5 +1,5 @@
-"""The family matrix: every model family's tiny preset. A test taking the `family` fixture (tests/conftest.py) runs
-once per line; the family's facts for the generic tests are tests/families/<name>/matrix.py."""
+"""The family matrix: every model family's tiny preset, exported with each decoder form. A test taking the `family`
+fixture (tests/conftest.py) runs once per line; the family's facts for the generic tests are tests/families/<name>/matrix.py."""
 
 from __future__ import annotations
 
@@ -13,10 +13,19 @@ class MatrixEntry:
 
     name: str
     preset: str
+    #: the engine dir's decoder form (graphs.decoder.form): "standard" or "ort"
+    form: str = "standard"
+
+    @property
+    def id(self) -> str:
+        """Test id: the family name, with "-ort" for the ORT-form decoder."""
+        return self.name if self.form == "standard" else f"{self.name}-{self.form}"
 
 
-MATRIX = (
-    MatrixEntry("llava", "tiny"),
-    MatrixEntry("llava_next", "llava-next-tiny"),
-    MatrixEntry("qwen2_5_vl", "qwen2.5-vl-tiny"),
+_FAMILIES = (
+    ("llava", "tiny"),
+    ("llava_next", "llava-next-tiny"),
+    ("qwen2_5_vl", "qwen2.5-vl-tiny"),
 )
+#: every family with both decoder forms: the pipeline must answer the same with either
+MATRIX = tuple(MatrixEntry(name, preset, form) for form in ("standard", "ort") for name, preset in _FAMILIES)

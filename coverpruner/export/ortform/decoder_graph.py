@@ -1,9 +1,11 @@
-"""Write the text decoder of a Hugging Face checkpoint as one ORT-form ONNX graph (prototype).
+"""Write the text decoder as one ORT-form ONNX graph (graphs.decoder.form "ort", docs/engine-dir.md).
+
+The weights come from the family adapter (contract.Family.decoder_weights), as float32 arrays.
 
 Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab):
   inputs   inputs_embeds [B, S, hidden] f32, seqlens_k [B] i32 (tokens in cache after the call - 1),
            total_sequence_length [] i32 (max over the batch of seqlens_k + 1),
-           rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see rotary.py),
+           rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see engines/rotary.py),
            rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
            past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update)
   outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
@@ -14,7 +16,6 @@ MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,43 +23,6 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-
-
-def text_config(checkpoint: Path) -> dict:
-    """The decoder's dims from config.json (text_config when the checkpoint is a VLM)."""
-    cfg = json.loads((checkpoint / "config.json").read_text())
-    text = cfg.get("text_config") or cfg
-    heads = text["num_attention_heads"]
-    rope = text.get("rope_parameters") or text.get("rope_scaling") or {}
-    return dict(hidden=text["hidden_size"], heads=heads, kv_heads=text.get("num_key_value_heads", heads),
-                head_dim=text.get("head_dim") or text["hidden_size"] // heads, layers=text["num_hidden_layers"],
-                eps=text.get("rms_norm_eps", 1e-6), vocab=text["vocab_size"],
-                theta=rope.get("rope_theta", text.get("rope_theta", 10000.0)), mrope_section=rope.get("mrope_section"))
-
-
-def _load_text_weights(checkpoint: Path) -> dict[str, np.ndarray]:
-    """{short name: float32 array} of the decoder's tensors; prefixes of LLaVA / Qwen2.5-VL layouts removed."""
-    from safetensors.numpy import load_file
-
-    files = sorted(checkpoint.glob("*.safetensors"))
-    tensors: dict[str, np.ndarray] = {}
-    for f in files:
-        try:
-            tensors.update(load_file(f))
-        except TypeError:  # bf16 has no numpy dtype
-            import torch
-            from safetensors.torch import load_file as load_torch
-            tensors.update({k: v.float().numpy() for k, v in load_torch(f).items()})
-    q0 = next(k for k in tensors if k.endswith("layers.0.self_attn.q_proj.weight") and "visual" not in k
-              and "vision" not in k)
-    prefix = q0[: -len("0.self_attn.q_proj.weight")]  # ends with "layers."
-    norm = prefix[: -len("layers.")] + "norm.weight"
-    head = next(k for k in tensors if k.endswith("lm_head.weight"))
-    out = {"norm": tensors[norm], "lm_head": tensors[head]}
-    for k, v in tensors.items():
-        if k.startswith(prefix):
-            out[k[len(prefix):]] = v
-    return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
 class _ExternalData:
@@ -105,20 +69,21 @@ def quantize_4bit(weight_t: np.ndarray, block_size: int) -> tuple[np.ndarray, np
     return packed, scales.reshape(-1)
 
 
-def build_ort_decoder(checkpoint: str | Path, output: str | Path, precision: str = "fp32", block_size: int = 32,
+def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", block_size: int = 32,
                       accuracy_level: int = 4) -> Path:
-    """Write `output` (.onnx + .onnx.data) for the checkpoint's text decoder in ORT form; returns its path.
+    """Write `output` (.onnx + .onnx.data) from `weights` (contract.DecoderWeights) in ORT form; returns its path.
 
     precision "int4": every linear (lm_head included) is MatMulNBits, 4 bits, symmetric, `block_size` along K,
     activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
+    ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
     """
     if precision not in ("fp32", "int4"):
         raise ValueError(f"precision must be fp32 or int4, got {precision!r}")
-    checkpoint, output = Path(checkpoint), Path(output)
+    output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    c = text_config(checkpoint)
-    w = _load_text_weights(checkpoint)
-    H, nh, kvh, D = c["hidden"], c["heads"], c["kv_heads"], c["head_dim"]
+    H = weights.norm.shape[0]
+    c = {"layers": len(weights.layers), "eps": weights.eps, "vocab": weights.lm_head.shape[0]}
+    nh, kvh, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
     data = _ExternalData(output.with_name(output.name + ".data"))
     inits: list[onnx.TensorProto] = []
     nodes: list[onnx.NodeProto] = []
@@ -149,9 +114,8 @@ def build_ort_decoder(checkpoint: str | Path, output: str | Path, precision: str
 
     eps = float(c["eps"])
     x, residual = "inputs_embeds", None
-    for i in range(c["layers"]):
-        p = f"{i}."
-        ln_w = init(f"layers.{i}.input_layernorm", w[p + "input_layernorm.weight"])
+    for i, lw in enumerate(weights.layers):
+        ln_w = init(f"layers.{i}.input_layernorm", lw.input_norm)
         if residual is None:
             h = node("SimplifiedLayerNormalization", [x, ln_w], [f"l{i}/ln_in"], axis=-1, epsilon=eps,
                      stash_type=1)[0]
@@ -160,36 +124,34 @@ def build_ort_decoder(checkpoint: str | Path, output: str | Path, precision: str
             h, _, _, residual = node("SkipSimplifiedLayerNormalization", [x, residual, ln_w],
                                      [f"l{i}/ln_in", f"l{i}/ln_in_mean", f"l{i}/ln_in_inv", f"l{i}/resid_in"],
                                      domain="com.microsoft", epsilon=eps)
-        a = p + "self_attn."
-        wqkv = np.concatenate([w[a + "q_proj.weight"], w[a + "k_proj.weight"], w[a + "v_proj.weight"]], 0)
+        wqkv = np.concatenate([lw.q, lw.k, lw.v], 0)
         bqkv = None
-        if a + "q_proj.bias" in w:
-            bqkv = np.concatenate([w[a + "q_proj.bias"], w[a + "k_proj.bias"], w[a + "v_proj.bias"]], 0)
+        if lw.q_bias is not None:
+            bqkv = np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
         qkv = linear(h, wqkv, f"layers.{i}.qkv", bqkv)
         attn = node("GroupQueryAttention",
                     [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
                      "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row"],
                     [f"l{i}/attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
                     num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0)[0]
-        o = linear(attn, w[a + "o_proj.weight"], f"layers.{i}.o_proj")
-        ln2 = init(f"layers.{i}.post_attention_layernorm", w[p + "post_attention_layernorm.weight"])
+        o = linear(attn, lw.o, f"layers.{i}.o_proj")
+        ln2 = init(f"layers.{i}.post_attention_layernorm", lw.post_norm)
         h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
                                   [f"l{i}/ln_post", f"l{i}/ln_post_mean", f"l{i}/ln_post_inv", f"l{i}/resid_mid"],
                                   domain="com.microsoft", epsilon=eps)
-        m = p + "mlp."
-        gate = linear(h2, w[m + "gate_proj.weight"], f"layers.{i}.gate_proj")
-        up = linear(h2, w[m + "up_proj.weight"], f"layers.{i}.up_proj")
+        gate = linear(h2, lw.gate, f"layers.{i}.gate_proj")
+        up = linear(h2, lw.up, f"layers.{i}.up_proj")
         sig = node("Sigmoid", [gate], [f"l{i}/gate_sigmoid"])[0]
         act = node("Mul", [gate, sig], [f"l{i}/silu"])[0]
         prod = node("Mul", [act, up], [f"l{i}/silu_up"])[0]
-        x = linear(prod, w[m + "down_proj.weight"], f"layers.{i}.down_proj")
+        x = linear(prod, lw.down, f"layers.{i}.down_proj")
     # Last position first: norm and lm_head run on one row per batch entry (prefill S rows -> 1).
     last = init("last_index", np.array([-1], dtype=np.int64))
     x_last = node("Gather", [x, last], ["last/x"], axis=1)[0]
     r_last = node("Gather", [residual, last], ["last/residual"], axis=1)[0]
-    normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", w["norm"])],
+    normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", weights.norm)],
                   ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
-    matmul(normed, w["lm_head"], "lm_head", "logits")
+    matmul(normed, weights.lm_head, "lm_head", "logits")
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     kv_shape = ["batch", kvh, "capacity", D]
@@ -205,9 +167,22 @@ def build_ort_decoder(checkpoint: str | Path, output: str | Path, precision: str
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_shape))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_shape))
     graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform-prototype")
+    model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
     data.file.close()
     tmp = output.with_name(output.name + ".tmp")
     onnx.save_model(model, str(tmp))
     tmp.replace(output)
     return output
+
+
+def build_from_checkpoint(checkpoint: str | Path, output: str | Path, precision: str = "fp32",
+                          block_size: int = 32) -> Path:
+    """build_ort_decoder for an HF checkpoint dir (benchmarks, tests): its family adapter loads the model (fp32)
+    and hands over the weights."""
+    from transformers import AutoConfig
+
+    from coverpruner.families import family_for_model_type
+
+    family = family_for_model_type(AutoConfig.from_pretrained(str(checkpoint)).model_type)
+    weights = family.decoder_weights(family.load_model(Path(checkpoint), "float32"))
+    return build_ort_decoder(weights, output, precision, block_size)
