@@ -1,12 +1,16 @@
-"""Prototype ORT-form decoder (coverpruner/export/ortform) against transformers on the tiny presets.
+"""The ORT-form decoder (export/ortform + engines/ort_form_decoder.py) against transformers on the tiny presets.
 
 References are transformers' own text models run on the full sequence each step with positions written out
-here (Qwen2.5-VL: T/H/W of a pruned 5x6 grid; LLaVA: compact 0..L-1), independent of ortform/rotary.py.
+here (Qwen2.5-VL: T/H/W of a pruned 5x6 grid; LLaVA: compact 0..L-1), independent of engines/rotary.py. The graph
+is driven by the runtime's engines (OrtFormDecoderSession: one request, snapshot/restore; BatchDecoder: ragged
+requests joining and leaving).
 Tolerance 1e-4 absolute on logits of magnitude ~5: both sides are float32, only the summation order differs
 (fused GQA / SkipSimplifiedLayerNormalization kernels vs torch); measured ~5e-6.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
@@ -30,28 +34,54 @@ def _qwen_positions(length: int) -> np.ndarray:
     return np.array([t[:length], h[:length], w[:length]])
 
 
+def _dims(model) -> dict:
+    t = model.config.text_config
+    return dict(hidden=t.hidden_size, layers=t.num_hidden_layers, kv_heads=t.num_key_value_heads,
+                head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads, vocab=t.vocab_size)
+
+
+def _session(graph):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+
+
+def _rotary(graph) -> dict:
+    """The rotary record the export writes next to the graph (the family adapter's theta / mrope_section)."""
+    return json.loads(graph.with_suffix(".rotary.json").read_text())
+
+
+def _build(checkpoint, out_dir):
+    from coverpruner.export.ortform.decoder_graph import build_ort_decoder
+    from coverpruner.families import family_for_model_type
+    from transformers import AutoConfig
+
+    family = family_for_model_type(AutoConfig.from_pretrained(str(checkpoint)).model_type)
+    weights = family.decoder_weights(family.load_model(checkpoint, "float32"))
+    graph = build_ort_decoder(weights, out_dir / "decoder.onnx")
+    graph.with_suffix(".rotary.json").write_text(json.dumps(weights.rotary))
+    return graph
+
+
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    from coverpruner.export.ortform.decoder_graph import build_ort_decoder, text_config
     from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
 
     ckpt = write_qwen_checkpoint(tmp_path_factory.mktemp("qwen_ckpt"), "qwen2.5-vl-tiny")
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
-    graph = build_ort_decoder(ckpt, tmp_path_factory.mktemp("qwen_ortform") / "decoder.onnx")
-    return model, graph, text_config(ckpt)
+    return model, _build(ckpt, tmp_path_factory.mktemp("qwen_ortform")), _dims(model)
 
 
 @pytest.fixture(scope="module")
 def llava(tiny_checkpoint, tmp_path_factory):
     from transformers import LlavaForConditionalGeneration
 
-    from coverpruner.export.ortform.decoder_graph import build_ort_decoder, text_config
-
     model = LlavaForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
-    graph = build_ort_decoder(tiny_checkpoint, tmp_path_factory.mktemp("llava_ortform") / "decoder.onnx")
-    return model, graph, text_config(tiny_checkpoint)
+    return model, _build(tiny_checkpoint, tmp_path_factory.mktemp("llava_ortform")), _dims(model)
 
 
 def _qwen_reference(model, embeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -70,63 +100,99 @@ def _llava_reference(model, embeds: np.ndarray) -> np.ndarray:
         return model.lm_head(hs.last_hidden_state[:, -1]).numpy()[0]
 
 
-def _decoder(graph, cfg, batch, capacity):
-    from coverpruner.export.ortform.session import OrtFormDecoder
+def _loop(graph, d):
+    """The runtime's DecoderLoop over the ORT-form graph (engines/ort_form_decoder.py)."""
+    from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 
-    return OrtFormDecoder(str(graph), batch, capacity, cfg["kv_heads"], cfg["head_dim"], cfg["layers"], threads=1)
+    return OrtFormDecoderSession(_session(graph), d["layers"], d["kv_heads"], d["head_dim"], d["vocab"],
+                                 _rotary(graph))
+
+
+def _batch(graph, d, max_batch, capacity):
+    from coverpruner.engines.ort_form_decoder import BatchDecoder
+
+    return BatchDecoder(_session(graph), max_batch, capacity, d["layers"], d["kv_heads"], d["head_dim"],
+                        _rotary(graph))
 
 
 def test_qwen_mrope_prefill_and_decode_match_transformers(qwen):
-    from coverpruner.export.ortform.rotary import rotary_rows
-
-    model, graph, cfg = qwen
+    model, graph, d = qwen
     prompt, steps = 40, 3
     pos = _qwen_positions(prompt + steps)
-    embeds = (np.random.default_rng(0).standard_normal((1, prompt + steps, cfg["hidden"])) * 0.5).astype(np.float32)
-    dec = _decoder(graph, cfg, 1, prompt + steps)
-    cos, sin = rotary_rows(pos[:, :prompt], cfg["head_dim"], cfg["theta"], cfg["mrope_section"])
-    got = dec.prefill(0, embeds[:, :prompt], cos, sin)
+    embeds = (np.random.default_rng(0).standard_normal((1, prompt + steps, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(prompt + steps)
+    got = dec.forward(embeds[:, :prompt], pos[:, None, :prompt])
     np.testing.assert_allclose(got, _qwen_reference(model, embeds[:, :prompt], pos[:, :prompt]), atol=ATOL, rtol=0)
     for k in range(prompt, prompt + steps):
-        cos, sin = rotary_rows(pos[:, k:k + 1], cfg["head_dim"], cfg["theta"], cfg["mrope_section"])
-        got = dec.decode(embeds[:, k:k + 1], cos, sin)[0]
+        got = dec.forward(embeds[:, k:k + 1], pos[:, None, k:k + 1])
         np.testing.assert_allclose(got, _qwen_reference(model, embeds[:, :k + 1], pos[:, :k + 1]), atol=ATOL, rtol=0)
+    assert dec.length == prompt + steps
 
 
 def test_llava_prefill_and_decode_match_transformers(llava):
-    from coverpruner.export.ortform.rotary import rotary_rows
-
-    model, graph, cfg = llava
+    model, graph, d = llava
     prompt, steps = 30, 3
-    embeds = (np.random.default_rng(1).standard_normal((1, prompt + steps, cfg["hidden"])) * 0.5).astype(np.float32)
-    dec = _decoder(graph, cfg, 1, prompt + steps)
-    cos, sin = rotary_rows(np.arange(prompt), cfg["head_dim"], cfg["theta"])
-    np.testing.assert_allclose(dec.prefill(0, embeds[:, :prompt], cos, sin), _llava_reference(model, embeds[:, :prompt]),
-                               atol=ATOL, rtol=0)
+    embeds = (np.random.default_rng(1).standard_normal((1, prompt + steps, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(prompt + steps)
+    np.testing.assert_allclose(dec.forward(embeds[:, :prompt], np.arange(prompt)[None]),
+                               _llava_reference(model, embeds[:, :prompt]), atol=ATOL, rtol=0)
     for k in range(prompt, prompt + steps):
-        cos, sin = rotary_rows(np.array([k]), cfg["head_dim"], cfg["theta"])
-        np.testing.assert_allclose(dec.decode(embeds[:, k:k + 1], cos, sin)[0],
+        np.testing.assert_allclose(dec.forward(embeds[:, k:k + 1], np.array([[k]])),
                                    _llava_reference(model, embeds[:, :k + 1]), atol=ATOL, rtol=0)
 
 
-def test_batched_decode_of_ragged_requests_equals_each_alone(qwen):
-    """Two requests of different prompt lengths, prefilled into their slots, decoded together: same logits."""
-    from coverpruner.export.ortform.rotary import rotary_rows
+def test_snapshot_restore_continues_like_the_uninterrupted_run(llava):
+    """restore(snapshot of a prefix) then the rest == the whole run; the snapshot is a copy (later forwards leave
+    it unchanged)."""
+    model, graph, d = llava
+    embeds = (np.random.default_rng(3).standard_normal((1, 24, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(24)
+    dec.forward(embeds[:, :16], np.arange(16)[None])
+    snap = dec.snapshot()
+    keys0 = snap.keys[0].copy()
+    assert snap.length == 16 and snap.keys[0].shape == (1, d["kv_heads"], 16, d["head_dim"])
+    want = dec.forward(embeds[:, 16:], np.arange(16, 24)[None]).copy()
+    dec.reset(24)
+    dec.forward(embeds[:, :4], np.arange(4)[None])  # other contents, then the prefix back
+    dec.restore(snap)
+    assert dec.length == 16
+    np.testing.assert_array_equal(dec.forward(embeds[:, 16:], np.arange(16, 24)[None]), want)
+    np.testing.assert_array_equal(snap.keys[0], keys0)
+    small = _loop(graph, d)
+    small.reset(8)
+    with pytest.raises(ValueError, match="holds 8 tokens"):
+        small.restore(snap)
 
-    model, graph, cfg = qwen
-    lengths, steps = (37, 22), 3
+
+def test_batched_decode_of_ragged_requests_equals_each_alone(qwen):
+    """Three requests of different prompt lengths join the batch one by one and decode together; the middle one
+    leaves after the first step (the last slot moves into its place): every logit equals transformers'."""
+    model, graph, d = qwen
+    lengths, steps = (37, 22, 29), 3
     rng = np.random.default_rng(2)
-    embeds = [(rng.standard_normal((1, n + steps, cfg["hidden"])) * 0.5).astype(np.float32) for n in lengths]
+    embeds = [(rng.standard_normal((1, n + steps, d["hidden"])) * 0.5).astype(np.float32) for n in lengths]
     positions = [_qwen_positions(n + steps) for n in lengths]
-    dec = _decoder(graph, cfg, 2, max(lengths) + steps)
+    dec = _batch(graph, d, 3, max(lengths) + steps)
+    handles = []
     for b, n in enumerate(lengths):
-        cos, sin = rotary_rows(positions[b][:, :n], cfg["head_dim"], cfg["theta"], cfg["mrope_section"])
-        dec.prefill(b, embeds[b][:, :n], cos, sin)
+        h, logits = dec.join(embeds[b][:, :n], positions[b][:, :n])
+        np.testing.assert_allclose(logits, _qwen_reference(model, embeds[b][:, :n], positions[b][:, :n]),
+                                   atol=ATOL, rtol=0)
+        handles.append(h)
+    with pytest.raises(ValueError, match="batch is full"):
+        dec.join(embeds[0][:, :3], positions[0][:, :3])
+    active = {0, 1, 2}
     for k in range(steps):
-        rows = [rotary_rows(positions[b][:, n + k:n + k + 1], cfg["head_dim"], cfg["theta"], cfg["mrope_section"])
-                for b, n in enumerate(lengths)]
-        step = np.concatenate([embeds[b][:, n + k:n + k + 1] for b, n in enumerate(lengths)], 0)
-        got = dec.decode(step, np.concatenate([r[0] for r in rows]), np.concatenate([r[1] for r in rows]))
-        for b, n in enumerate(lengths):
+        feeds = {handles[b]: (embeds[b][0, lengths[b] + k], positions[b][:, lengths[b] + k]) for b in sorted(active)}
+        got = dec.step(feeds)
+        for b in sorted(active):
+            n = lengths[b]
             want = _qwen_reference(model, embeds[b][:, :n + k + 1], positions[b][:, :n + k + 1])
-            np.testing.assert_allclose(got[b], want, atol=ATOL, rtol=0)
+            np.testing.assert_allclose(got[handles[b]], want, atol=ATOL, rtol=0)
+        if k == 0:
+            dec.leave(handles[1])
+            active.discard(1)
+            assert dec.active == [handles[0], handles[2]] and dec.length(handles[2]) == lengths[2] + 1

@@ -9,7 +9,7 @@ Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D h
            rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
            past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update)
   outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
-Per layer: (Skip)SimplifiedLayerNormalization -> one packed QKV MatMul (+bias) -> GroupQueryAttention
+Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) -> GroupQueryAttention
 (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
 """
@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-OPSET = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
 
 
 class _ExternalData:
@@ -117,8 +117,9 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     for i, lw in enumerate(weights.layers):
         ln_w = init(f"layers.{i}.input_layernorm", lw.input_norm)
         if residual is None:
-            h = node("SimplifiedLayerNormalization", [x, ln_w], [f"l{i}/ln_in"], axis=-1, epsilon=eps,
-                     stash_type=1)[0]
+            # the standard op (opset 23): ORT's SimplifiedLayerNormalization sits in the default domain where
+            # onnx.checker (run by the quantize pass) does not know it
+            h = node("RMSNormalization", [x, ln_w], [f"l{i}/ln_in"], axis=-1, epsilon=eps, stash_type=1)[0]
             residual = x
         else:
             h, _, _, residual = node("SkipSimplifiedLayerNormalization", [x, residual, ln_w],
