@@ -188,6 +188,27 @@ class Pipeline:
                 raise ManifestError(str(exc).splitlines()[0]) from None
         return cls(manifest, sessions, provider, selector)
 
+    def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
+                       ) -> list[GenerationResult]:
+        """Answer several requests with continuous batching (runtime/batching.py; ORT-form decoder only).
+
+        requests: one dict of ``generate``'s keyword arguments each (image, prompt, budget, ...). Up to
+        ``max_batch`` decode together; capacity: KV tokens per request (default the model's max positions).
+        Returns the results in request order; the first request that fails raises its one-line error.
+        """
+        from coverpruner.runtime.batching import BatchGenerator
+
+        batch = BatchGenerator(self, max_batch, capacity)
+        ids = [batch.submit(self.request(**kw)) for kw in requests]
+        results = {}
+        while batch.pending:
+            for event in batch.step():
+                if event.error is not None:
+                    raise event.error
+                if event.result is not None:
+                    results[event.request_id] = event.result
+        return [results[i] for i in ids]
+
     def selector_for(self, n: int) -> str:
         """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"."""
         if self.selector_backend == "auto":
