@@ -4,7 +4,7 @@ Qwen2.5-VL-7B widths (coverpruner-make-checkpoint --preset qwen2.5-vl-7b --layer
 1,320-token prompt with the native M-RoPE positions of a 1008x1008 image (36x36 merged grid between 15 text
 tokens and 9 text tokens), then 16 greedy new tokens. Engines, fp32 and int4 (MatMulNBits, block 32,
 symmetric, accuracy_level 4):
-  ours   coverpruner/export/ortform (GroupQueryAttention with rotary inside, host M-RoPE rows, packed QKV)
+  ours   coverpruner/export/ortform + engines/rotary.py (GroupQueryAttention with rotary inside, host M-RoPE rows, packed QKV)
   genai  onnxruntime-genai's model builder (exclude_embeds=true, prune_lm_head=true; its MRotaryEmbedding)
 Both graphs run on this onnxruntime through the same IOBinding loop with one preallocated KV buffer per layer
 shared by past and present (genai's past_present_share_buffer), so the comparison is graph against graph.
@@ -57,11 +57,11 @@ def prepare(workdir: Path, engines: list[str]) -> dict[str, Path]:
         from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
         write_qwen_checkpoint(ckpt, "qwen2.5-vl-7b", layers=2)
     paths = {"checkpoint": ckpt}
-    from coverpruner.export.ortform.decoder_graph import build_ort_decoder
+    from coverpruner.export.ortform.decoder_graph import build_from_checkpoint
     for prec in ("fp32", "int4"):
         path = workdir / f"ours-{prec}" / "decoder.onnx"
         if not path.exists():
-            build_ort_decoder(ckpt, path, prec)
+            build_from_checkpoint(ckpt, path, prec)
         paths[f"ours-{prec}"] = path
     if "genai" in engines:
         for prec in ("fp32", "int4"):
@@ -103,7 +103,7 @@ class Runner:
 
     def step(self, embeds: np.ndarray, positions: np.ndarray, past: int) -> np.ndarray:
         """embeds [1, S, hidden] f32, positions [3, S] int64, past = tokens already cached -> logits [V]."""
-        from coverpruner.export.ortform.rotary import rotary_rows
+        from coverpruner.engines.rotary import rotary_rows
         b = self.sess.io_binding()
         s = embeds.shape[1]
         b.bind_cpu_input("inputs_embeds", embeds)
@@ -142,8 +142,16 @@ class Runner:
                 "first_logits": first_logits}
 
 
+def text_config(checkpoint: Path) -> dict:
+    """The text decoder's dims and rope of a Qwen2.5-VL checkpoint's config.json (what the Runner needs)."""
+    t = json.loads((checkpoint / "config.json").read_text())["text_config"]
+    rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
+    return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"],
+                head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
+                theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)), mrope_section=rope["mrope_section"])
+
+
 def run(args) -> dict:
-    from coverpruner.export.ortform.decoder_graph import text_config
     engines = ["ours"]
     skipped = {}
     if importlib.util.find_spec("onnxruntime_genai") is None:
