@@ -1,5 +1,6 @@
-"""The family matrix: every model family's tiny preset, exported with each decoder form. A test taking the `family`
-fixture (tests/conftest.py) runs once per line; the family's facts for the generic tests are tests/families/<name>/matrix.py."""
+"""The family matrix: every model family's tiny preset, exported with each decoder form. A test taking the
+`family` fixture (tests/conftest.py) runs once per line; the family's facts for the generic tests are
+tests/families/<name>/matrix.py."""
 
 from __future__ import annotations
 

@@ -76,9 +76,9 @@ class BatchGenerator:
 
     def __init__(self, pipeline, max_batch: int = 8, capacity: int | None = None):
         if pipeline.decoder_form != "ort":
-            raise OptionError(f"{pipeline.manifest.root}: batched decoding needs the ORT-form decoder (graphs.decoder."
-                              f"form 'ort'); this dir's is {pipeline.decoder_form!r} (re-export with --decoder-form ort,"
-                              " or decode one request at a time)")
+            raise OptionError(f"{pipeline.manifest.root}: batched decoding needs the ORT-form decoder "
+                              f"(graphs.decoder.form 'ort'); this dir's is {pipeline.decoder_form!r} (re-export with "
+                              "--decoder-form ort, or decode one request at a time)")
         if not isinstance(max_batch, int) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, got {max_batch!r}")
         self.pipe = pipeline

@@ -9,8 +9,8 @@ Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D h
            rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
            past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update)
   outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
-Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) -> GroupQueryAttention
-(do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
+Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
+GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
 """
 
