@@ -43,7 +43,15 @@ PROBE_OUTPUTS = ("relevance",)
 SELECTOR_INPUTS = ("image_features", "relevance", "budget", "tau")
 SELECTOR_OUTPUTS = ("keep",)
 DECODER_INPUTS = ("inputs_embeds", "attention_mask", "position_ids")
+#: The decoder's inputs in the ORT form (contrib ops; KV [B, H_kv, capacity, hd] shared in place by past and
+#: present; rotary rows computed on the host from the graph entry's "rotary" record): docs/engine-dir.md.
+ORT_DECODER_INPUTS = ("inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin",
+                      "rotary_row")
 LOGITS = "logits"
+#: graphs.decoder.form: "standard" (standard ONNX ops, growing KV; TensorRT and every ORT provider) or "ort"
+#: (ONNX Runtime contrib ops: GroupQueryAttention, SkipSimplifiedLayerNormalization; in-place KV; ORT CPU).
+#: A decoder entry without "form" is "standard" (every directory written before the ORT form).
+DECODER_FORMS = ("standard", "ort")
 
 PRECISIONS = {"fp32": "float32", "fp16": "float16"}
 POSITION_RANKS = (1, 3)
@@ -98,6 +106,10 @@ class GraphSpec:
     outputs: tuple[TensorSpec, ...]
     data_files: tuple[Path, ...] = ()
     data_sha256: dict = field(default_factory=dict)
+    #: "standard" or "ort" (DECODER_FORMS; only the decoder has an ORT form)
+    form: str = "standard"
+    #: ORT-form decoder: {"theta": float, "mrope_section": [t, h, w] or None} for the host rotary rows
+    rotary: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +136,11 @@ class Manifest:
     def float_dtype(self) -> str:
         """numpy dtype name of the float tensors ('float32' for fp32, 'float16' for fp16)."""
         return PRECISIONS[self.precision]
+
+    @property
+    def decoder_form(self) -> str:
+        """'standard' or 'ort' (DECODER_FORMS): which decoder graph the dir holds."""
+        return self.graphs["decoder"].form
 
     @property
     def max_visual_tokens(self) -> int:
@@ -245,12 +262,19 @@ def parse_manifest(root: Path, raw: dict) -> Manifest:
     graphs = {}
     for name, g in graphs_raw.items():
         _require(root, g, _REQUIRED_GRAPH, f"graphs.{name}")
+        form = g.get("form", "standard")
+        allowed = DECODER_FORMS if name == "decoder" else ("standard",)
+        if form not in allowed:
+            raise _fail(root, f"field graphs.{name}.form is {form!r}, expected one of {list(allowed)}")
+        rotary = g.get("rotary")
+        if form == "ort" and (not isinstance(rotary, dict) or "theta" not in rotary):
+            raise _fail(root, f"field graphs.{name}.rotary (theta, mrope_section) is required for form 'ort'")
         graphs[name] = GraphSpec(
             name=name, path=root / g["file"], sha256=g["sha256"],
             inputs=_tensor_specs(root, name, "inputs", g["inputs"]),
             outputs=_tensor_specs(root, name, "outputs", g["outputs"]),
             data_files=tuple(root / f for f in g.get("data_files", [])),
-            data_sha256=dict(g.get("data_sha256", {})),
+            data_sha256=dict(g.get("data_sha256", {})), form=form, rotary=rotary,
         )
     files = {}
     for key, rec in raw.get("files", {}).items():

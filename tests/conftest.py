@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from tests.family_matrix import MATRIX, MatrixEntry, fixture_plugins
+from tests.family_matrix import MATRIX, STANDARD_MATRIX, MatrixEntry, fixture_plugins
 
 pytest_plugins = fixture_plugins()  # tests/families/<name>/fixtures.py of every family folder
 
@@ -44,14 +44,17 @@ class Builds:
                                                          seed=0)
         return self._checkpoints[preset]
 
-    def export(self, preset: str) -> Path:
-        if preset not in self._exports:
+    def export(self, preset: str, form: str = "standard") -> Path:
+        """The preset's fp32 engine dir with decoder form `form` ("standard": what the family fixtures and the
+        TensorRT builds use; "ort": the ORT-form decoder)."""
+        if (preset, form) not in self._exports:
             from coverpruner.export.exporter import ExportOptions, export_model
 
-            out = self._tmp.mktemp(f"{preset}_export")
-            export_model(self.checkpoint(preset), out, preset, ExportOptions(dtype="fp32", progress=False))
-            self._exports[preset] = out
-        return self._exports[preset]
+            out = self._tmp.mktemp(f"{preset}_{form}_export")
+            export_model(self.checkpoint(preset), out, preset,
+                         ExportOptions(dtype="fp32", progress=False, decoder_form=form))
+            self._exports[preset, form] = out
+        return self._exports[preset, form]
 
 
     def memo(self, key: tuple, make):
@@ -76,6 +79,8 @@ class FamilyUnderTest:
     preset: str
     facts: ModuleType
     _builds: Builds
+    #: decoder form of `export` ("standard" or "ort")
+    form: str = "standard"
 
     @property
     def checkpoint(self) -> Path:
@@ -83,17 +88,18 @@ class FamilyUnderTest:
 
     @property
     def export(self) -> Path:
-        return self._builds.export(self.preset)
+        return self._builds.export(self.preset, self.form)
 
     @property
     def pipe(self):
         """Pipeline.load(export, cpu, 1 thread), shared by the session's matrix tests of this family."""
         from coverpruner.runtime import Pipeline
 
-        return self.memo("pipe", lambda: Pipeline.load(self.export, provider="cpu", threads=1))
+        return self.memo(("pipe", self.form), lambda: Pipeline.load(self.export, provider="cpu", threads=1))
 
     def memo(self, key, make):
-        """make() once per session for this family and `key` (an HF reference answer, a request, ...)."""
+        """make() once per session for this family and `key` (an HF reference answer, a request, ...); shared by
+        both decoder forms (the references do not depend on it)."""
         return self._builds.memo((self.preset, key), make)
 
 
@@ -104,15 +110,15 @@ def pytest_generate_tests(metafunc):
         return
     for cases in ("graph_case", "decoder_case"):  # each family's GRAPH_CASES / DECODER_CASES (graph parity)
         if cases in metafunc.fixturenames:
-            pairs = [(entry, c) for entry in MATRIX for c in getattr(_facts(entry.name), cases.upper() + "S")]
+            pairs = [(entry, c) for entry in STANDARD_MATRIX for c in getattr(_facts(entry.name), cases.upper() + "S")]
             metafunc.parametrize(["family", cases], pairs, ids=[f"{e.name}-{c}" for e, c in pairs],
                                  indirect=["family"], scope="session")
             return
     if "case_id" not in metafunc.fixturenames:
-        metafunc.parametrize("family", MATRIX, ids=[e.name for e in MATRIX], indirect=True, scope="session")
+        metafunc.parametrize("family", MATRIX, ids=[e.id for e in MATRIX], indirect=True, scope="session")
         return
     pairs = [(entry, case_id) for entry in MATRIX for case_id in _facts(entry.name).PIPELINE_CASES]
-    metafunc.parametrize(["family", "case_id"], pairs, ids=[f"{e.name}-{c}" for e, c in pairs], indirect=["family"],
+    metafunc.parametrize(["family", "case_id"], pairs, ids=[f"{e.id}-{c}" for e, c in pairs], indirect=["family"],
                          scope="session")
 
 
@@ -124,7 +130,7 @@ def _facts(name: str) -> ModuleType:
 def family(request, builds) -> FamilyUnderTest:
     """One family of MATRIX (parametrised by pytest_generate_tests above)."""
     entry: MatrixEntry = request.param
-    return FamilyUnderTest(entry.name, entry.preset, _facts(entry.name), builds)
+    return FamilyUnderTest(entry.name, entry.preset, _facts(entry.name), builds, entry.form)
 
 
 @pytest.fixture(scope="session")

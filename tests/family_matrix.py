@@ -1,7 +1,7 @@
-"""The family matrix: every model family's tiny preset, found on disk. A test taking the `family` fixture
-(tests/conftest.py) runs once per entry; a family joins by its folder tests/families/<name>/ with a matrix.py
-(its facts for the generic tests, `PRESET` naming its tiny preset) and a fixtures.py (its session fixtures),
-no list to edit."""
+"""The family matrix: every model family's tiny preset, found on disk, exported with each decoder form. A test
+taking the `family` fixture (tests/conftest.py) runs once per entry; a family joins by its folder
+tests/families/<name>/ with a matrix.py (its facts for the generic tests, `PRESET` naming its tiny preset) and a
+fixtures.py (its session fixtures), no list to edit."""
 
 from __future__ import annotations
 
@@ -18,6 +18,13 @@ class MatrixEntry:
 
     name: str
     preset: str
+    #: the engine dir's decoder form (graphs.decoder.form): "standard" or "ort"
+    form: str = "standard"
+
+    @property
+    def id(self) -> str:
+        """Test id: the family name, with "-ort" for the ORT-form decoder."""
+        return self.name if self.form == "standard" else f"{self.name}-{self.form}"
 
 
 def family_folders() -> list[str]:
@@ -33,11 +40,15 @@ def fixture_plugins() -> list[str]:
 def _matrix() -> tuple[MatrixEntry, ...]:
     import importlib
 
-    return tuple(MatrixEntry(name, importlib.import_module(f"tests.families.{name}.matrix").PRESET)
-                 for name in family_folders())
+    # every family with both decoder forms: the pipeline must answer the same with either
+    return tuple(MatrixEntry(name, importlib.import_module(f"tests.families.{name}.matrix").PRESET, form)
+                 for form in ("standard", "ort") for name in family_folders())
 
 
 MATRIX = _matrix()
+#: the standard-form entries: graph parity (vision/embed/probe/selector are the same graphs in both forms; the
+#: ORT-form decoder has its own transformers test, tests/export/test_ortform_decoder.py)
+STANDARD_MATRIX = tuple(e for e in MATRIX if e.form == "standard")
 
 
 # --- "every graph vs HF" (tests/matrix/test_graph_parity.py): what a family's matrix.py hands the generic test ---

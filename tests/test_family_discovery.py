@@ -10,7 +10,7 @@ from pathlib import Path
 
 import coverpruner.families as families
 from coverpruner.testing.presets import PRESETS
-from tests.family_matrix import MATRIX, fixture_plugins
+from tests.family_matrix import MATRIX, STANDARD_MATRIX, fixture_plugins
 
 PACKAGES = Path(families.__file__).parent
 
@@ -26,10 +26,13 @@ def test_registry_is_the_packages_on_disk():
 
 
 def test_matrix_is_every_family_with_its_tiny_preset():
-    assert [e.name for e in MATRIX] == families.family_names() == sorted({p.family for p in PRESETS.values()})
+    assert [e.name for e in STANDARD_MATRIX] == families.family_names() == sorted({p.family for p in PRESETS.values()})
+    # each family once per decoder form, with the same preset
+    assert sorted((e.name, e.preset, e.form) for e in MATRIX) == sorted(
+        (e.name, e.preset, form) for e in STANDARD_MATRIX for form in ("standard", "ort"))
     for entry in MATRIX:
         assert PRESETS[entry.preset].family == entry.name
-    assert fixture_plugins() == [f"tests.families.{e.name}.fixtures" for e in MATRIX]
+    assert fixture_plugins() == [f"tests.families.{e.name}.fixtures" for e in STANDARD_MATRIX]
 
 
 def test_every_preset_names_an_existing_writer():

@@ -315,6 +315,10 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
     if unknown:
         raise TensorRTBuildError(f"graphs {unknown} are not in {engine_dir / 'manifest.json'} "
                                  f"(it has {sorted(manifest['graphs'])})")
+    if "decoder" in graphs and manifest["graphs"]["decoder"].get("form", "standard") != "standard":
+        raise TensorRTBuildError(f"{engine_dir / 'manifest.json'}: graphs.decoder.form is "
+                                 f"{manifest['graphs']['decoder']['form']!r} (ONNX Runtime contrib ops, which TensorRT "
+                                 "cannot parse); re-export with --decoder-form standard for TensorRT")
     quant = manifest.get("quantization") or {}
     if quant.get("format") == "ort" and set(quant.get("graphs", {})) & set(graphs):
         raise TensorRTBuildError(f"{engine_dir / 'manifest.json'}: graphs {sorted(quant['graphs'])} are quantized "

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from coverpruner.export.exporter import FLOAT_DTYPES, GRAPHS, ExportOptions
+from coverpruner.export.exporter import DECODER_FORMS, FLOAT_DTYPES, GRAPHS, ExportOptions
 from coverpruner.export.resolve import MissingModelError, resolve_model
 from coverpruner.families import all_aliases
 
@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ONNX opset (>= 17; the exporter is native at 18, 17 only where every op converts)")
     g.add_argument("--selector", choices=("loop", "plugin"), default="loop",
                    help="selector graph form: standard ops with Loop (portable) or a TensorRT plugin node")
+    g.add_argument("--decoder-form", choices=DECODER_FORMS, default="auto",
+                   help="decoder graph: 'ort' = ONNX Runtime contrib ops with an in-place KV cache (fastest on the "
+                        "ORT CPU runtime; not for coverpruner-build), 'standard' = standard ONNX ops (TensorRT, CUDA); "
+                        "'auto' (default): ort for --dtype fp32, standard for fp16")
     g.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights in <graph>.onnx.data: auto = graphs above 1 GiB")
     q = p.add_argument_group("weight-only quantization (after export; without --model: of the existing DIR)")
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from coverpruner.export.onnx_io import ExportError
 
     opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
-                         external_data=args.external_data, progress=not args.no_progress,
+                         external_data=args.external_data, decoder_form=args.decoder_form, progress=not args.no_progress,
                          family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)

@@ -22,11 +22,15 @@ from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
-from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, export_graph, remove_graph_files,
-                                     save_proto)
+from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
+                                     remove_graph_files, save_proto)
 from coverpruner.families import family_for_model_type
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
+#: --decoder-form: "ort" (ONNX Runtime contrib ops, in-place KV: the fast CPU form), "standard" (standard ops:
+#: TensorRT, CUDA), "auto" = "ort" for fp32 and "standard" for fp16 (the ORT form is written for fp32
+#: activations; its int4 comes from --quantize int4).
+DECODER_FORMS = ("auto", "ort", "standard")
 
 
 @dataclass
@@ -38,6 +42,8 @@ class ExportOptions:
     opset: int = 18
     selector_form: str = "loop"
     external_data: str = "auto"
+    #: DECODER_FORMS; resolved by `decoder_form_for`
+    decoder_form: str = "auto"
     progress: bool = True
     #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
     #: options not given keep the family's own defaults
@@ -104,7 +110,33 @@ def _copy_support_files(family, model_dir: Path, out_dir: Path) -> tuple[list[st
     return tok, [f for f in copied if f not in tok]
 
 
+def decoder_form_for(opts: ExportOptions) -> str:
+    """The decoder form `opts` asks for ("ort" or "standard"); ExportError (one line) for an impossible one."""
+    if opts.decoder_form not in DECODER_FORMS:
+        raise OptionValueError(f"--decoder-form: expected one of {list(DECODER_FORMS)}, got {opts.decoder_form!r}")
+    if opts.decoder_form == "auto":
+        return "ort" if opts.dtype == "fp32" else "standard"
+    if opts.decoder_form == "ort" and opts.dtype != "fp32":
+        raise OptionValueError(f"--decoder-form ort is written for --dtype fp32 (int4 through --quantize int4), got "
+                          f"--dtype {opts.dtype}; use --decoder-form standard")
+    return opts.decoder_form
+
+
+def _export_ort_decoder(family, model, output: Path) -> tuple[SavedGraph, dict]:
+    """decoder.onnx in ORT form from the family's decoder weights -> (files, the entry's form and rotary)."""
+    from coverpruner.export.ortform.decoder_graph import build_ort_decoder
+
+    try:
+        weights = family.decoder_weights(model)
+    except ValueError as exc:
+        raise ExportError(f"--decoder-form ort: {exc}") from None
+    path = build_ort_decoder(weights, output / "decoder.onnx", "fp32")
+    data = path.with_name(data_file_name(path))
+    return SavedGraph(path, [data.name] if data.is_file() else []), {"form": "ort", "rotary": weights.rotary}
+
+
 def _check_options(opts: ExportOptions) -> None:
+    decoder_form_for(opts)
     unknown = [g for g in opts.graphs if g not in GRAPHS]
     if unknown or not opts.graphs:
         raise ExportError(f"--graphs: unknown graph(s) {unknown}; expected a subset of {list(GRAPHS)}")
@@ -126,8 +158,11 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
     for g in order:
         bar.set_description(f"export: {g}")
         t0 = time.perf_counter()
+        extra = {}
         if g == "selector":
             saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
+        elif g == "decoder" and decoder_form_for(opts) == "ort":
+            saved, extra = _export_ort_decoder(family, model, output)
         else:
             spec = specs.pop(g)
             saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
@@ -136,7 +171,7 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
             del spec
             gc.collect()
         seconds[g] = time.perf_counter() - t0
-        entries[g] = graph_entry(saved)
+        entries[g] = {**graph_entry(saved), **extra}
         bar.update()
     return entries
 

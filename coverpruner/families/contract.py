@@ -156,6 +156,44 @@ class ProbeParts:
 
 
 @dataclass
+class DecoderLayerWeights:
+    """One decoder layer's float32 numpy weights in HF Linear layout (weight [out, in]).
+
+    input_norm, post_norm: [d] RMSNorm scales; q/k/v: [H*hd, d], [H_kv*hd, d], [H_kv*hd, d] (+ biases [out] or
+    None); o: [d, H*hd]; gate, up: [ffn, d]; down: [d, ffn].
+    """
+
+    input_norm: np.ndarray
+    post_norm: np.ndarray
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    q_bias: np.ndarray | None
+    k_bias: np.ndarray | None
+    v_bias: np.ndarray | None
+    o: np.ndarray
+    gate: np.ndarray
+    up: np.ndarray
+    down: np.ndarray
+
+
+@dataclass
+class DecoderWeights:
+    """The text decoder as arrays, for graphs written op by op (export/ortform): layers, final norm [d], lm_head
+    [V, d], RMSNorm epsilon, head counts and head_dim, and rotary {"theta": float, "mrope_section": [t, h, w] or
+    None}."""
+
+    layers: list[DecoderLayerWeights]
+    norm: np.ndarray
+    lm_head: np.ndarray
+    eps: float
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary: dict
+
+
+@dataclass
 class ExportSpec:
     """How to export one graph: the torch module, example inputs, tensor names and dynamic axes.
 
@@ -254,6 +292,10 @@ class Family(Protocol):
 
     def lm_head(self, model):
         """nn.Linear: hidden [.., d] -> logits [.., vocab]."""
+
+    def decoder_weights(self, model) -> DecoderWeights:
+        """The decoder's weights as float32 arrays (the ORT-form decoder is written from these); ValueError (one
+        line) for a decoder the ORT form cannot express (e.g. a rope scaling it has no host rows for)."""
 
     def probe_example_visual(self, config) -> int:
         """Visual-column count of the probe graph's example inputs (any n >= 2; the axis stays dynamic)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import NativeLayout, ProbeParts
+from coverpruner.families.contract import DecoderLayerWeights, DecoderWeights, NativeLayout, ProbeParts
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -249,6 +249,33 @@ class HFFamily:
             apply_rope=self.apply_rope(), num_heads=cfg.num_attention_heads,
             num_kv_heads=cfg.num_key_value_heads, head_dim=attn.head_dim, scaling=attn.scaling,
         )
+
+    def decoder_weights(self, model) -> DecoderWeights:
+        """contract.Family.decoder_weights from the HF decoder stack (Llama / Qwen2 layer layout: self_attn.
+        q/k/v/o_proj, mlp.gate/up/down_proj, input/post_attention_layernorm) and the text config's rope."""
+        lm = self.language_model(model)
+        cfg = lm.config
+        rope = dict(getattr(cfg, "rope_parameters", None) or {})
+        kind = rope.get("rope_type", "default")
+        if kind != "default":  # host rows implement theta ** (-2i/d) (and M-RoPE sections) only
+            raise ValueError(f"rope_type {kind!r} has no ORT-form rotary rows; export with --decoder-form standard")
+        theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+        section = rope.get("mrope_section")
+
+        def arr(t):
+            return None if t is None else t.detach().float().numpy().copy()
+
+        layers = []
+        for layer in lm.layers:
+            a, m = layer.self_attn, layer.mlp
+            layers.append(DecoderLayerWeights(
+                input_norm=arr(layer.input_layernorm.weight), post_norm=arr(layer.post_attention_layernorm.weight),
+                q=arr(a.q_proj.weight), k=arr(a.k_proj.weight), v=arr(a.v_proj.weight), q_bias=arr(a.q_proj.bias),
+                k_bias=arr(a.k_proj.bias), v_bias=arr(a.v_proj.bias), o=arr(a.o_proj.weight),
+                gate=arr(m.gate_proj.weight), up=arr(m.up_proj.weight), down=arr(m.down_proj.weight)))
+        return DecoderWeights(layers, arr(lm.norm.weight), arr(self.lm_head(model).weight), float(cfg.rms_norm_eps),
+                              cfg.num_attention_heads, cfg.num_key_value_heads, lm.layers[0].self_attn.head_dim,
+                              {"theta": float(theta), "mrope_section": list(section) if section else None})
 
     def write_files(self, model, out_dir: Path) -> dict[str, str]:
         return {}  # by default the graphs and the support files are all the runtime needs

@@ -30,6 +30,7 @@ from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_m
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.engines.ort_decoder import OrtDecoderSession
+from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
@@ -120,8 +121,14 @@ class Pipeline:
         # a session that brings its own KV-cache loop (native TensorRT engines keep the cache on the GPU)
         # provides decoder_loop(); ORT sessions use the IO-binding loop
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
-        self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
-                        else OrtDecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
+        #: "standard" or "ort" (graphs.decoder.form): the ORT form has its own in-place KV loop
+        self.decoder_form = manifest.decoder_form
+        if self.decoder_form == "ort":
+            self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims, graph_spec(manifest, "decoder").rotary)
+        elif own_loop is not None:
+            self.decoder = own_loop(*dims, self.float_dtype)
+        else:
+            self.decoder = OrtDecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider))
 
     @property
     def num_visual_tokens(self) -> int:
@@ -155,6 +162,11 @@ class Pipeline:
         if selector not in SELECTOR_BACKENDS:
             raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
         manifest = load_manifest(Path(path), verify=verify)
+        if manifest.decoder_form == "ort" and (provider != "cpu" or session_factory is not None):
+            raise OptionError(f"{manifest.root}: the decoder is in ORT form (graphs.decoder.form 'ort'), which runs "
+                              f"on provider 'cpu' with ONNX Runtime only; got provider {provider!r}"
+                              f"{' and a session factory' if session_factory is not None else ''} (re-export with "
+                              "--decoder-form standard for CUDA / TensorRT)")
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"
@@ -175,6 +187,27 @@ class Pipeline:
             except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
                 raise ManifestError(str(exc).splitlines()[0]) from None
         return cls(manifest, sessions, provider, selector)
+
+    def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
+                       ) -> list[GenerationResult]:
+        """Answer several requests with continuous batching (runtime/batching.py; ORT-form decoder only).
+
+        requests: one dict of ``generate``'s keyword arguments each (image, prompt, budget, ...). Up to
+        ``max_batch`` decode together; capacity: KV tokens per request (default the model's max positions).
+        Returns the results in request order; the first request that fails raises its one-line error.
+        """
+        from coverpruner.runtime.batching import BatchGenerator
+
+        batch = BatchGenerator(self, max_batch, capacity)
+        ids = [batch.submit(self.request(**kw)) for kw in requests]
+        results = {}
+        while batch.pending:
+            for event in batch.step():
+                if event.error is not None:
+                    raise event.error
+                if event.result is not None:
+                    results[event.request_id] = event.result
+        return [results[i] for i in ids]
 
     def selector_for(self, n: int) -> str:
         """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"."""
@@ -350,17 +383,25 @@ class Pipeline:
         positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate) -> first logits.
         Timing: prefill (the caller adds choosing the first token)."""
         t = time.perf_counter()
+        rows, positions, state = self.pruned_sequence(request, native, selection)
+        self.decoder.reset(len(rows) + state.max_tokens)
+        logits = self.decoder.forward(native.embeds[rows][None],
+                                      position_ids_input(positions, self.family_runtime.position_rank))
+        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t})
+
+    def pruned_sequence(self, request: Request, native: NativeSequence,
+                        selection: Selection) -> tuple[np.ndarray, np.ndarray, DecodeState]:
+        """The rows the decoder sees, int64 [L'] ascending native indices, their positions int64 [R,L'] and the
+        DecodeState (how many tokens fit before the context ends). Shared by prefill and batched decoding."""
         fam = self.family_runtime
         rows = np.sort(np.concatenate([np.flatnonzero(native.is_text),
                                        native.layout.visual_positions[selection.kept_rows]]))
         positions = np.asarray(fam.pruned_positions(native.positions, rows), dtype=np.int64)  # [R,L']
         first = int(np.max(fam.decode_position(native.positions, positions, 0)))
         steps = min(request.max_new_tokens, self.max_positions - first)
-        self.decoder.reset(len(rows) + steps)
-        logits = self.decoder.forward(native.embeds[rows][None], position_ids_input(positions, fam.position_rank))
         state = DecodeState(native.positions, positions, steps,
                             "length" if steps == request.max_new_tokens else "context")
-        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t})
+        return rows, positions, state
 
     def decode(self, state: DecodeState, token: int) -> np.ndarray:
         """One decode step: feed ``token`` (generated token number state.step) at the family's decode position,

@@ -58,10 +58,34 @@ class ServerConfig:
     selector: str = "auto"
     budget: int | str | None = None  # default budget when a request has none (None: the manifest's)
     method: str | None = None  # default method when a request has none (None: the manifest's)
+    #: requests one worker decodes together (continuous batching, ORT-form decoder); None: DEFAULT_MAX_BATCH for
+    #: an ORT-form dir on the CPU provider, else 1 (one request per worker, any decoder form)
+    max_batch: int | None = None
+    #: KV tokens per request in a batch (None: min(the model's max positions, 4096)); the batch's cache is
+    #: num_layers x 2 x [max_batch, H_kv, batch_context, head_dim] float32 per worker
+    batch_context: int | None = None
 
     @property
     def served_name(self) -> str:
         return self.model_name or Path(self.engine_dir).resolve().name
+
+
+#: --max-batch when none is given and the dir can batch (ORT-form decoder, CPU): decode is memory-bound, so up to
+#: 8 requests share each read of the weights (benchmarks/bench_serve.py)
+DEFAULT_MAX_BATCH = 8
+
+
+def resolve_max_batch(config: ServerConfig, pipeline) -> int:
+    """The batch each worker decodes: config.max_batch, or the default above for a dir that can batch. A batch
+    above 1 on a dir that cannot (standard-form decoder: TensorRT / CUDA) raises OptionError in one line (never a
+    silent batch 1)."""
+    if config.max_batch is None:
+        return DEFAULT_MAX_BATCH if pipeline.decoder_form == "ort" else 1
+    if config.max_batch > 1 and pipeline.decoder_form != "ort":
+        raise OptionError(f"--max-batch {config.max_batch}: batched decoding needs the ORT-form decoder (provider "
+                          f"cpu); {config.engine_dir} has the {pipeline.decoder_form!r} form (its TensorRT / CUDA "
+                          "engines decode one request per worker: use --max-batch 1 and --workers N)")
+    return config.max_batch
 
 
 class ServerState:
@@ -77,7 +101,15 @@ class ServerState:
         self.model_name = config.served_name
         self.options = pipeline_options(self.pipelines[0])  # extra body fields: pipeline + family options
         self.created = int(time.time())
-        self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
+        self.max_batch = resolve_max_batch(config, self.pipelines[0])
+        if self.max_batch > 1:
+            from coverpruner.serving.batched_workers import BatchedWorkerPool
+
+            context = config.batch_context or min(self.pipelines[0].max_positions, 4096)
+            self.pool = BatchedWorkerPool(self.pipelines, self.max_batch, config.max_queue, context,
+                                          on_finish=self._finished)
+        else:
+            self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
         self.metrics = ServerMetrics(self.pool)
 
     def _finished(self, job: Job, outcome: str) -> None:

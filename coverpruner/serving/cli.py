@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "(default: the manifest's)")
     eng = p.add_argument_group("engine")
     eng.add_argument("--workers", type=int, default=1, help="pipelines per process, one request each (default 1)")
+    eng.add_argument("--max-batch", type=int, default=None,
+                     help="requests each worker decodes together, one batched decoder call per token (continuous "
+                          "batching; needs an ORT-form decoder dir). Default: 8 for an ORT-form dir, else 1")
+    eng.add_argument("--batch-context", type=int, default=None,
+                     help="KV tokens per batched request (prompt after pruning + answer; default min(model max, "
+                          "4096)): the batch cache is layers x 2 x max_batch x kv_heads x this x head_dim floats")
     eng.add_argument("--max-queue", type=int, default=16,
                      help="requests that may wait for a worker; more get 503 at once (default 16)")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
@@ -72,6 +78,10 @@ def check_args(args) -> None:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.max_batch is not None and args.max_batch < 1:
+        raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.batch_context is not None and args.batch_context < 2:
+        raise UsageError(f"--batch-context must be >= 2, got {args.batch_context}")
     if args.max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}")
     if args.threads is not None and args.threads < 1:
@@ -96,7 +106,8 @@ def _config(args):
     return ServerConfig(args.engine_dir, workers=args.workers, provider=args.provider, threads=args.threads,
                         max_queue=args.max_queue, model_name=args.model_name,
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
-                        selector=args.selector, budget=args.budget, method=args.method)
+                        selector=args.selector, budget=args.budget, method=args.method, max_batch=args.max_batch,
+                        batch_context=args.batch_context)
 
 
 def _require(module: str, extra: str) -> None:
@@ -133,7 +144,8 @@ def run(args) -> int:
 
     app = create_app(config)
     print(f"{PROG}: serving {config.served_name!r} on http://{args.host}:{args.port}/v1 "
-          f"({args.workers} worker(s), queue {args.max_queue})", file=sys.stderr, flush=True)
+          f"({args.workers} worker(s) x batch {app.state.server.max_batch}, queue {args.max_queue})", file=sys.stderr,
+          flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 

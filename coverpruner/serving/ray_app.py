@@ -24,8 +24,11 @@ def deployment(config: ServerConfig, replicas: int, num_cpus: float = 1.0):
 
     from coverpruner.serving.app import create_app
 
+    # an explicit --max-batch B lets each worker hold B requests; auto (None) keeps Ray's limit at one per worker
+    slots = config.workers * (config.max_batch or 1)
+
     @serve.deployment(name="coverpruner", num_replicas=replicas,
-                      max_ongoing_requests=config.workers + config.max_queue + _CONTROL_SLOTS,
+                      max_ongoing_requests=slots + config.max_queue + _CONTROL_SLOTS,
                       max_queued_requests=max(config.max_queue, 1),
                       ray_actor_options={"num_cpus": num_cpus})
     @serve.ingress()

@@ -279,7 +279,9 @@ def _swap_in(directory: Path, tmp: Path, manifest: dict, saved: dict) -> dict:
             (directory / f).unlink(missing_ok=True)
         for f in [s.onnx_file.name, *s.data_files]:
             os.replace(tmp / f, directory / f)
-        manifest["graphs"][g] = graph_entry(SavedGraph(directory / s.onnx_file.name, s.data_files))
+        # the new files' hashes and I/O; the entry's other facts (decoder form, rotary) stay as exported
+        kept = {k: v for k, v in entry.items() if k in ("form", "rotary")}
+        manifest["graphs"][g] = {**graph_entry(SavedGraph(directory / s.onnx_file.name, s.data_files)), **kept}
         after[g] = graph_bytes(directory, manifest["graphs"][g])
     shutil.rmtree(tmp, ignore_errors=True)
     return after

@@ -1,0 +1,214 @@
+"""The ORT-form decoder engine: KV slots updated in place, one request (DecoderLoop) or many (BatchDecoder).
+
+The graph (graphs.decoder.form "ort", export/ortform/decoder_graph.py) reads and writes each layer's cache
+through GroupQueryAttention with past and present bound to the same preallocated [B, H_kv, C, hd] float32
+buffer (past_present_share_buffer): the new rows are written in place at each entry's own length, nothing of
+the past is copied per step and no repeat_kv expansion runs. Batch is the outer axis, so the first k slots are
+one contiguous [k, H_kv, C, hd] view: a call runs exactly the active slots (kept packed at the front; a request
+that leaves has the last slot moved into its place, one copy per leave, none per step).
+
+Rotary rows are computed here (engines/rotary.py) from each token's positions, so any layout works (LLaVA's
+compact 1-D, Qwen2.5-VL's M-RoPE 3-D with gaps): row b*C + t of the [B*C, hd/2] cos/sin tables holds the rotation
+of slot b's t-th token, and ``rotary_row`` = b*C + length_b + s (GQA reads row rotary_row[b, 0] + s).
+numpy + onnxruntime only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from coverpruner.engines.interfaces import KVSnapshot, check_snapshot
+from coverpruner.engines.rotary import rotary_rows
+
+
+class KVSlots:
+    """`batch` KV slots of `capacity` tokens each for one ORT-form decoder session (float32).
+
+    session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section"}.
+    lengths: int64 [batch], tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps
+    the active ones at the front.
+    """
+
+    def __init__(self, session, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 rotary: dict):
+        self.session, self.batch, self.capacity = session, batch, capacity
+        self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
+        self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
+        shape = (batch, num_kv_heads, capacity, head_dim)
+        # [layer][key/value] -> [B, H_kv, C, hd]; OrtValues are made per call over views of this memory
+        self.kv = [[np.zeros(shape, np.float32) for _ in range(2)] for _ in range(num_layers)]
+        self.lengths = np.zeros(batch, dtype=np.int64)
+        self.cos = np.zeros((batch * capacity, head_dim // 2), np.float32)
+        self.sin = np.zeros_like(self.cos)
+
+    def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """positions int64 [R, S] -> cos, sin [S, hd/2]."""
+        positions = np.asarray(positions)
+        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section)
+
+    def write_rows(self, slot: int, positions: np.ndarray) -> None:
+        """Rotary rows of the tokens slot `slot` appends next (positions int64 [R, S])."""
+        cos, sin = self._rows(positions)
+        start = slot * self.capacity + int(self.lengths[slot])
+        self.cos[start:start + len(cos)] = cos
+        self.sin[start:start + len(sin)] = sin
+
+    def run(self, first: int, count: int, embeds: np.ndarray) -> np.ndarray:
+        """Append S tokens to slots first..first+count-1 (their rotary rows written): embeds float32 [count, S, d]
+        -> logits float32 [count, V] of each slot's last new token."""
+        slots = np.arange(first, first + count)
+        s = embeds.shape[1]
+        total = self.lengths[slots] + s
+        if total.max() > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {int(total.max())} requested")
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, np.float32))
+        binding.bind_cpu_input("seqlens_k", (total - 1).astype(np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
+        binding.bind_cpu_input("rotary_cos", self.cos)
+        binding.bind_cpu_input("rotary_sin", self.sin)
+        binding.bind_cpu_input("rotary_row", (slots * self.capacity + self.lengths[slots])[:, None]
+                               + np.arange(s, dtype=np.int64)[None, :])
+        for i in range(self.num_layers):
+            for j, kind in enumerate(("key", "value")):
+                # a contiguous [count, H_kv, C, hd] view: ORT writes the new rows into it in place
+                value = ort.OrtValue.ortvalue_from_numpy(self.kv[i][j][first:first + count])
+                binding.bind_ortvalue_input(f"past_key_values.{i}.{kind}", value)
+                binding.bind_ortvalue_output(f"present.{i}.{kind}", value)
+        binding.bind_output("logits")
+        self.session.run_with_iobinding(binding)
+        self.lengths[slots] = total
+        return binding.copy_outputs_to_cpu()[-1][:, -1, :]  # logits is bound last
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src's cached tokens and rotary rows into slot dst (src is then free)."""
+        n = int(self.lengths[src])
+        for pair in self.kv:
+            for a in pair:
+                a[dst, :, :n] = a[src, :, :n]
+        c = self.capacity
+        self.cos[dst * c:dst * c + n] = self.cos[src * c:src * c + n]
+        self.sin[dst * c:dst * c + n] = self.sin[src * c:src * c + n]
+        self.lengths[dst], self.lengths[src] = n, 0
+
+
+def _positions(position_ids: np.ndarray) -> np.ndarray:
+    """DecoderLoop position_ids [1, S] (rank 1) or [R, 1, S] -> [R, S]."""
+    p = np.asarray(position_ids, dtype=np.int64)
+    return p if p.ndim == 2 else p[:, 0, :]
+
+
+class OrtFormDecoderSession:
+    """A coverpruner.engines.interfaces.DecoderLoop over an ORT-form decoder: one slot, cache in place.
+
+    session: the decoder's onnxruntime.InferenceSession (CPU); rotary: graphs.decoder.rotary of the manifest.
+    The cache is float32 (the ORT form is written for fp32 activations; int4 weights keep them).
+    """
+
+    def __init__(self, session, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, rotary: dict):
+        self.session, self.rotary = session, dict(rotary)
+        self.num_layers, self.h, self.hd, self.vocab_size = num_layers, num_kv_heads, head_dim, vocab_size
+        self.dtype = np.dtype(np.float32)
+        self.capacity = 0
+        self._slots: KVSlots | None = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self._slots is None else int(self._slots.lengths[0])
+
+    def reset(self, capacity: int) -> None:
+        """Empty the cache; buffers are reallocated only when `capacity` exceeds the current one."""
+        if capacity > self.capacity:
+            self._slots = KVSlots(self.session, 1, capacity, self.num_layers, self.h, self.hd, self.rotary)
+            self.capacity = capacity
+        self._slots.lengths[0] = 0
+
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+        """Append S tokens: inputs_embeds [1, S, d], position_ids int64 [1, S] or [R, 1, S] -> logits [V]."""
+        self._slots.write_rows(0, _positions(position_ids))
+        return self._slots.run(0, 1, inputs_embeds)[0]
+
+    def snapshot(self) -> KVSnapshot:
+        """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd]."""
+        n = self.length
+        keys = tuple(np.ascontiguousarray(pair[0][0:1, :, :n]) for pair in self._slots.kv) if n else \
+            tuple(np.zeros((1, self.h, 0, self.hd), np.float32) for _ in range(self.num_layers))
+        values = tuple(np.ascontiguousarray(pair[1][0:1, :, :n]) for pair in self._slots.kv) if n else keys
+        return KVSnapshot(n, keys, values)
+
+    def restore(self, snapshot: KVSnapshot) -> None:
+        """The cache holds exactly the snapshot's prefix; the next forward continues after it."""
+        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        n = snapshot.length
+        for i, pair in enumerate(self._slots.kv):
+            pair[0][0, :, :n] = snapshot.keys[i][0]
+            pair[1][0, :, :n] = snapshot.values[i][0]
+        # the prefix's rotary rows are not needed again: its keys are stored rotated
+        self._slots.lengths[0] = n
+
+
+class BatchDecoder:
+    """Continuous batching over an ORT-form decoder (public API; runtime/batching.py drives it for Pipeline).
+
+    A request joins with its prefill (run alone on a free slot) and from then on advances in the one batched
+    call per ``step`` that every active request shares; it leaves at any step (EOS, length, cancel) without
+    waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only its
+    own cache; tests/engines/test_batch_decoder.py).
+
+    max_batch: slots; capacity: tokens per request (prompt + generated); the cache is float32
+    num_layers x 2 x [max_batch, H_kv, capacity, hd], allocated once.
+    """
+
+    def __init__(self, session, max_batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 rotary: dict):
+        if max_batch < 1 or capacity < 1:
+            raise ValueError(f"max_batch and capacity must be >= 1, got {max_batch} and {capacity}")
+        self._slots = KVSlots(session, max_batch, capacity, num_layers, num_kv_heads, head_dim, rotary)
+        self.max_batch, self.capacity = max_batch, capacity
+        self._order: list[int] = []  # handle of each active slot, slot i = self._order[i]
+        self._next = 0
+
+    @property
+    def active(self) -> list[int]:
+        """Handles of the requests in the batch, in slot order."""
+        return list(self._order)
+
+    def length(self, handle: int) -> int:
+        """Tokens request `handle` has in the cache."""
+        return int(self._slots.lengths[self._order.index(handle)])
+
+    def join(self, inputs_embeds: np.ndarray, positions: np.ndarray) -> tuple[int, np.ndarray]:
+        """Prefill a new request: inputs_embeds float32 [1, S, d], positions int64 [R, S] -> (handle, logits [V]).
+        ValueError (one line) when every slot is taken or S exceeds the capacity."""
+        if len(self._order) >= self.max_batch:
+            raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
+        slot = len(self._order)
+        self._slots.lengths[slot] = 0
+        self._slots.write_rows(slot, positions)
+        logits = self._slots.run(slot, 1, inputs_embeds)[0]
+        handle, self._next = self._next, self._next + 1
+        self._order.append(handle)
+        return handle, logits
+
+    def step(self, feeds: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
+        """One token for every active request: {handle: (embedding float32 [d], position int64 [R])} ->
+        {handle: logits float32 [V]}. Every active request must be fed (leave the ones that stop first)."""
+        if set(feeds) != set(self._order):
+            raise ValueError(f"step feeds requests {sorted(feeds)}; the batch holds {sorted(self._order)}")
+        count = len(self._order)
+        embeds = np.stack([feeds[h][0] for h in self._order])[:, None, :]
+        for slot, h in enumerate(self._order):
+            self._slots.write_rows(slot, np.asarray(feeds[h][1], dtype=np.int64).reshape(-1, 1))
+        logits = self._slots.run(0, count, embeds)
+        return {h: logits[i] for i, h in enumerate(self._order)}
+
+    def leave(self, handle: int) -> None:
+        """Drop request `handle`; the last slot moves into its place so the active slots stay packed."""
+        slot = self._order.index(handle)
+        last = len(self._order) - 1
+        if slot != last:
+            self._slots.move(last, slot)
+            self._order[slot] = self._order[last]
+        self._slots.lengths[last] = 0
+        self._order.pop()

@@ -1,0 +1,189 @@
+"""Write the text decoder as one ORT-form ONNX graph (graphs.decoder.form "ort", docs/engine-dir.md).
+
+The weights come from the family adapter (contract.Family.decoder_weights), as float32 arrays.
+
+Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab):
+  inputs   inputs_embeds [B, S, hidden] f32, seqlens_k [B] i32 (tokens in cache after the call - 1),
+           total_sequence_length [] i32 (max over the batch of seqlens_k + 1),
+           rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see engines/rotary.py),
+           rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
+           past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update)
+  outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
+Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
+GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
+MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+
+
+class _ExternalData:
+    """Initializers > 1 KiB go to one .data file as they are made (a > 2 GiB graph never exists as one proto)."""
+
+    ALIGN = 4096  # page-aligned offsets so ORT can map the weights
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.unlink(missing_ok=True)
+        self.file = open(path, "wb")
+
+    def tensor(self, name: str, array: np.ndarray) -> onnx.TensorProto:
+        array = np.ascontiguousarray(array)
+        if array.nbytes <= 1024:
+            return numpy_helper.from_array(array, name)
+        offset = self.file.tell()
+        pad = (-offset) % self.ALIGN
+        self.file.write(b"\0" * pad)
+        offset += pad
+        self.file.write(array.tobytes())
+        t = onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", self.path.name), ("offset", str(offset)), ("length", str(array.nbytes))):
+            t.external_data.add(key=key, value=value)
+        return t
+
+
+def quantize_4bit(weight_t: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """MatMulNBits B [N, K/bs, bs/2] uint8 and scales [N * K/bs] f32 of weight_t [K, N], symmetric (no zero point).
+
+    onnxruntime's own C++ block quantizer (the one MatMulNBitsQuantizer calls); K must divide by block_size.
+    """
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    k, n = weight_t.shape
+    if k % block_size:
+        raise ValueError(f"K={k} is not a multiple of block_size={block_size}")
+    blocks = k // block_size
+    packed = np.zeros((n, blocks, block_size // 2), np.uint8)
+    scales = np.zeros((n, blocks), np.float32)
+    zero = np.zeros((n, (blocks + 1) // 2), np.uint8)
+    quantize_matmul_4bits(packed, np.ascontiguousarray(weight_t, np.float32), scales, zero, block_size, n, k, True)
+    return packed, scales.reshape(-1)
+
+
+def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", block_size: int = 32,
+                      accuracy_level: int = 4) -> Path:
+    """Write `output` (.onnx + .onnx.data) from `weights` (contract.DecoderWeights) in ORT form; returns its path.
+
+    precision "int4": every linear (lm_head included) is MatMulNBits, 4 bits, symmetric, `block_size` along K,
+    activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
+    ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
+    """
+    if precision not in ("fp32", "int4"):
+        raise ValueError(f"precision must be fp32 or int4, got {precision!r}")
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    H = weights.norm.shape[0]
+    c = {"layers": len(weights.layers), "eps": weights.eps, "vocab": weights.lm_head.shape[0]}
+    nh, kvh, D = weights.num_heads, weights.num_kv_heads, weights.head_dim
+    data = _ExternalData(output.with_name(output.name + ".data"))
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def init(name: str, array: np.ndarray) -> str:
+        inits.append(data.tensor(name, array))
+        return name
+
+    def node(op, inputs, outputs, domain="", **attrs):
+        nodes.append(helper.make_node(op, inputs, outputs, name=outputs[0] + "/" + op, domain=domain, **attrs))
+        return outputs
+
+    def matmul(x: str, weight: np.ndarray, name: str, out: str) -> str:
+        """x [..., K] @ weight.T, weight [N, K] (HF Linear layout)."""
+        if precision == "fp32":
+            return node("MatMul", [x, init(f"{name}.weight_t", weight.T)], [out])[0]
+        packed, scales = quantize_4bit(weight.T, block_size)
+        n, k = weight.shape
+        return node("MatMulNBits", [x, init(f"{name}.qweight", packed), init(f"{name}.scales", scales)], [out],
+                    domain="com.microsoft", K=k, N=n, bits=4, block_size=block_size,
+                    accuracy_level=accuracy_level)[0]
+
+    def linear(x: str, weight: np.ndarray, name: str, bias: np.ndarray | None = None) -> str:
+        y = matmul(x, weight, name, f"{name}/out")
+        if bias is not None:
+            y = node("Add", [y, init(f"{name}.bias", bias)], [f"{name}/biased"])[0]
+        return y
+
+    eps = float(c["eps"])
+    x, residual = "inputs_embeds", None
+    for i, lw in enumerate(weights.layers):
+        ln_w = init(f"layers.{i}.input_layernorm", lw.input_norm)
+        if residual is None:
+            # the standard op (opset 23): ORT's SimplifiedLayerNormalization sits in the default domain where
+            # onnx.checker (run by the quantize pass) does not know it
+            h = node("RMSNormalization", [x, ln_w], [f"l{i}/ln_in"], axis=-1, epsilon=eps, stash_type=1)[0]
+            residual = x
+        else:
+            h, _, _, residual = node("SkipSimplifiedLayerNormalization", [x, residual, ln_w],
+                                     [f"l{i}/ln_in", f"l{i}/ln_in_mean", f"l{i}/ln_in_inv", f"l{i}/resid_in"],
+                                     domain="com.microsoft", epsilon=eps)
+        wqkv = np.concatenate([lw.q, lw.k, lw.v], 0)
+        bqkv = None
+        if lw.q_bias is not None:
+            bqkv = np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
+        qkv = linear(h, wqkv, f"layers.{i}.qkv", bqkv)
+        attn = node("GroupQueryAttention",
+                    [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+                     "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row"],
+                    [f"l{i}/attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
+                    num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0)[0]
+        o = linear(attn, lw.o, f"layers.{i}.o_proj")
+        ln2 = init(f"layers.{i}.post_attention_layernorm", lw.post_norm)
+        h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
+                                  [f"l{i}/ln_post", f"l{i}/ln_post_mean", f"l{i}/ln_post_inv", f"l{i}/resid_mid"],
+                                  domain="com.microsoft", epsilon=eps)
+        gate = linear(h2, lw.gate, f"layers.{i}.gate_proj")
+        up = linear(h2, lw.up, f"layers.{i}.up_proj")
+        sig = node("Sigmoid", [gate], [f"l{i}/gate_sigmoid"])[0]
+        act = node("Mul", [gate, sig], [f"l{i}/silu"])[0]
+        prod = node("Mul", [act, up], [f"l{i}/silu_up"])[0]
+        x = linear(prod, lw.down, f"layers.{i}.down_proj")
+    # Last position first: norm and lm_head run on one row per batch entry (prefill S rows -> 1).
+    last = init("last_index", np.array([-1], dtype=np.int64))
+    x_last = node("Gather", [x, last], ["last/x"], axis=1)[0]
+    r_last = node("Gather", [residual, last], ["last/residual"], axis=1)[0]
+    normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", weights.norm)],
+                  ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
+    matmul(normed, weights.lm_head, "lm_head", "logits")
+
+    f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    kv_shape = ["batch", kvh, "capacity", D]
+    inputs = [helper.make_tensor_value_info("inputs_embeds", f32, ["batch", "sequence", H]),
+              helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
+              helper.make_tensor_value_info("total_sequence_length", i32, []),
+              helper.make_tensor_value_info("rotary_cos", f32, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_sin", f32, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_row", i64, ["batch", "sequence"])]
+    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, c["vocab"]])]
+    for i in range(c["layers"]):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_shape))
+    graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
+    data.file.close()
+    tmp = output.with_name(output.name + ".tmp")
+    onnx.save_model(model, str(tmp))
+    tmp.replace(output)
+    return output
+
+
+def build_from_checkpoint(checkpoint: str | Path, output: str | Path, precision: str = "fp32",
+                          block_size: int = 32) -> Path:
+    """build_ort_decoder for an HF checkpoint dir (benchmarks, tests): its family adapter loads the model (fp32)
+    and hands over the weights."""
+    from transformers import AutoConfig
+
+    from coverpruner.families import family_for_model_type
+
+    family = family_for_model_type(AutoConfig.from_pretrained(str(checkpoint)).model_type)
+    weights = family.decoder_weights(family.load_model(Path(checkpoint), "float32"))
+    return build_ort_decoder(weights, output, precision, block_size)

@@ -1,0 +1,198 @@
+"""The ORT-form decoder (export/ortform + engines/ort_form_decoder.py) against transformers on the tiny presets.
+
+References are transformers' own text models run on the full sequence each step with positions written out
+here (Qwen2.5-VL: T/H/W of a pruned 5x6 grid; LLaVA: compact 0..L-1), independent of engines/rotary.py. The graph
+is driven by the runtime's engines (OrtFormDecoderSession: one request, snapshot/restore; BatchDecoder: ragged
+requests joining and leaving).
+Tolerance 1e-4 absolute on logits of magnitude ~5: both sides are float32, only the summation order differs
+(fused GQA / SkipSimplifiedLayerNormalization kernels vs torch); measured ~5e-6.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+ATOL = 1e-4
+
+
+def _qwen_positions(length: int) -> np.ndarray:
+    """[3, length]: 5 text tokens, a 5x6 grid at t=5 with every third cell pruned, text from max + 1 on."""
+    t, h, w = list(range(5)), list(range(5)), list(range(5))
+    for i in range(30):
+        if i % 3 != 1:
+            t.append(5), h.append(5 + i // 6), w.append(5 + i % 6)
+    nxt = 11  # max(5, 5 + 4, 5 + 5) + 1
+    while len(t) < length:
+        t.append(nxt), h.append(nxt), w.append(nxt)
+        nxt += 1
+    return np.array([t[:length], h[:length], w[:length]])
+
+
+def _dims(model) -> dict:
+    t = model.config.text_config
+    return dict(hidden=t.hidden_size, layers=t.num_hidden_layers, kv_heads=t.num_key_value_heads,
+                head_dim=getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads, vocab=t.vocab_size)
+
+
+def _session(graph):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
+
+
+def _rotary(graph) -> dict:
+    """The rotary record the export writes next to the graph (the family adapter's theta / mrope_section)."""
+    return json.loads(graph.with_suffix(".rotary.json").read_text())
+
+
+def _build(checkpoint, out_dir):
+    from coverpruner.export.ortform.decoder_graph import build_ort_decoder
+    from coverpruner.families import family_for_model_type
+    from transformers import AutoConfig
+
+    family = family_for_model_type(AutoConfig.from_pretrained(str(checkpoint)).model_type)
+    weights = family.decoder_weights(family.load_model(checkpoint, "float32"))
+    graph = build_ort_decoder(weights, out_dir / "decoder.onnx")
+    graph.with_suffix(".rotary.json").write_text(json.dumps(weights.rotary))
+    return graph
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
+
+    ckpt = write_qwen_checkpoint(tmp_path_factory.mktemp("qwen_ckpt"), "qwen2.5-vl-tiny")
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(ckpt, dtype=torch.float32).eval()
+    return model, _build(ckpt, tmp_path_factory.mktemp("qwen_ortform")), _dims(model)
+
+
+@pytest.fixture(scope="module")
+def llava(tiny_checkpoint, tmp_path_factory):
+    from transformers import LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    return model, _build(tiny_checkpoint, tmp_path_factory.mktemp("llava_ortform")), _dims(model)
+
+
+def _qwen_reference(model, embeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Last-position logits [V] of Qwen2.5-VL's language model on embeds [1, L, H] at positions [3, L]."""
+    with torch.no_grad():
+        hs = model.model.language_model(inputs_embeds=torch.from_numpy(embeds),
+                                        position_ids=torch.from_numpy(positions[:, None, :]).long())
+        return model.lm_head(hs.last_hidden_state[:, -1]).numpy()[0]
+
+
+def _llava_reference(model, embeds: np.ndarray) -> np.ndarray:
+    """Last-position logits [V] of LLaVA's language model on embeds [1, L, H] at positions 0..L-1."""
+    with torch.no_grad():
+        hs = model.model.language_model(inputs_embeds=torch.from_numpy(embeds),
+                                        position_ids=torch.arange(embeds.shape[1])[None])
+        return model.lm_head(hs.last_hidden_state[:, -1]).numpy()[0]
+
+
+def _loop(graph, d):
+    """The runtime's DecoderLoop over the ORT-form graph (engines/ort_form_decoder.py)."""
+    from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
+
+    return OrtFormDecoderSession(_session(graph), d["layers"], d["kv_heads"], d["head_dim"], d["vocab"],
+                                 _rotary(graph))
+
+
+def _batch(graph, d, max_batch, capacity):
+    from coverpruner.engines.ort_form_decoder import BatchDecoder
+
+    return BatchDecoder(_session(graph), max_batch, capacity, d["layers"], d["kv_heads"], d["head_dim"],
+                        _rotary(graph))
+
+
+def test_qwen_mrope_prefill_and_decode_match_transformers(qwen):
+    model, graph, d = qwen
+    prompt, steps = 40, 3
+    pos = _qwen_positions(prompt + steps)
+    embeds = (np.random.default_rng(0).standard_normal((1, prompt + steps, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(prompt + steps)
+    got = dec.forward(embeds[:, :prompt], pos[:, None, :prompt])
+    np.testing.assert_allclose(got, _qwen_reference(model, embeds[:, :prompt], pos[:, :prompt]), atol=ATOL, rtol=0)
+    for k in range(prompt, prompt + steps):
+        got = dec.forward(embeds[:, k:k + 1], pos[:, None, k:k + 1])
+        np.testing.assert_allclose(got, _qwen_reference(model, embeds[:, :k + 1], pos[:, :k + 1]), atol=ATOL, rtol=0)
+    assert dec.length == prompt + steps
+
+
+def test_llava_prefill_and_decode_match_transformers(llava):
+    model, graph, d = llava
+    prompt, steps = 30, 3
+    embeds = (np.random.default_rng(1).standard_normal((1, prompt + steps, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(prompt + steps)
+    np.testing.assert_allclose(dec.forward(embeds[:, :prompt], np.arange(prompt)[None]),
+                               _llava_reference(model, embeds[:, :prompt]), atol=ATOL, rtol=0)
+    for k in range(prompt, prompt + steps):
+        np.testing.assert_allclose(dec.forward(embeds[:, k:k + 1], np.array([[k]])),
+                                   _llava_reference(model, embeds[:, :k + 1]), atol=ATOL, rtol=0)
+
+
+def test_snapshot_restore_continues_like_the_uninterrupted_run(llava):
+    """restore(snapshot of a prefix) then the rest == the whole run; the snapshot is a copy (later forwards leave
+    it unchanged)."""
+    model, graph, d = llava
+    embeds = (np.random.default_rng(3).standard_normal((1, 24, d["hidden"])) * 0.5).astype(np.float32)
+    dec = _loop(graph, d)
+    dec.reset(24)
+    dec.forward(embeds[:, :16], np.arange(16)[None])
+    snap = dec.snapshot()
+    keys0 = snap.keys[0].copy()
+    assert snap.length == 16 and snap.keys[0].shape == (1, d["kv_heads"], 16, d["head_dim"])
+    want = dec.forward(embeds[:, 16:], np.arange(16, 24)[None]).copy()
+    dec.reset(24)
+    dec.forward(embeds[:, :4], np.arange(4)[None])  # other contents, then the prefix back
+    dec.restore(snap)
+    assert dec.length == 16
+    np.testing.assert_array_equal(dec.forward(embeds[:, 16:], np.arange(16, 24)[None]), want)
+    np.testing.assert_array_equal(snap.keys[0], keys0)
+    small = _loop(graph, d)
+    small.reset(8)
+    with pytest.raises(ValueError, match="holds 8 tokens"):
+        small.restore(snap)
+
+
+def test_batched_decode_of_ragged_requests_equals_each_alone(qwen):
+    """Three requests of different prompt lengths join the batch one by one and decode together; the middle one
+    leaves after the first step (the last slot moves into its place): every logit equals transformers'."""
+    model, graph, d = qwen
+    lengths, steps = (37, 22, 29), 3
+    rng = np.random.default_rng(2)
+    embeds = [(rng.standard_normal((1, n + steps, d["hidden"])) * 0.5).astype(np.float32) for n in lengths]
+    positions = [_qwen_positions(n + steps) for n in lengths]
+    dec = _batch(graph, d, 3, max(lengths) + steps)
+    handles = []
+    for b, n in enumerate(lengths):
+        h, logits = dec.join(embeds[b][:, :n], positions[b][:, :n])
+        np.testing.assert_allclose(logits, _qwen_reference(model, embeds[b][:, :n], positions[b][:, :n]),
+                                   atol=ATOL, rtol=0)
+        handles.append(h)
+    with pytest.raises(ValueError, match="batch is full"):
+        dec.join(embeds[0][:, :3], positions[0][:, :3])
+    active = {0, 1, 2}
+    for k in range(steps):
+        feeds = {handles[b]: (embeds[b][0, lengths[b] + k], positions[b][:, lengths[b] + k]) for b in sorted(active)}
+        got = dec.step(feeds)
+        for b in sorted(active):
+            n = lengths[b]
+            want = _qwen_reference(model, embeds[b][:, :n + k + 1], positions[b][:, :n + k + 1])
+            np.testing.assert_allclose(got[handles[b]], want, atol=ATOL, rtol=0)
+        if k == 0:
+            dec.leave(handles[1])
+            active.discard(1)
+            assert dec.active == [handles[0], handles[2]] and dec.length(handles[2]) == lengths[2] + 1
