@@ -15,6 +15,7 @@ from tests.conversations import reference as R
 from tests.conversations.conversations import (CONVERSATIONS, QUESTION_A, QUESTION_B, first_turn, three_images,
                                                two_turns)
 
+pytestmark = pytest.mark.slow  # runs the tiny HF models
 STEPS = 6
 
 

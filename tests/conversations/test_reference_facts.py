@@ -12,6 +12,8 @@ from tests.conversations import reference as R
 from tests.conversations.conversations import CONVERSATIONS, SIZES, image
 
 
+pytestmark = pytest.mark.slow  # runs the tiny HF processors and models
+
 @pytest.mark.parametrize("family", ["llava", "llava_next"])
 def test_llava_template_facts(hf_family, family):
     """llava-hf's template: a bare string content renders nothing (so it is normalised to a text part), a system
