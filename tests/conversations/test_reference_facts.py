@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow  # runs the tiny HF processors and models
 @pytest.mark.parametrize("family", ["llava", "llava_next"])
 def test_llava_template_facts(hf_family, family):
     """llava-hf's template: a bare string content renders nothing (so it is normalised to a text part), a system
-    message has no role prefix, and a message's images come first whatever their order among its parts."""
+    message has no role prefix, a message's images come first whatever their order among its parts, and an
+    image_url part is an image (transformers rewrites it to {"type": "image", "url": ...} before rendering)."""
     proc = hf_family(family).processor
     bare = proc.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
                                     add_generation_prompt=True)
@@ -26,6 +27,10 @@ def test_llava_template_facts(hf_family, family):
              {"role": "user", "content": [{"type": "text", "text": "Q"}, {"type": "image"}]},
              {"role": "assistant", "content": [{"type": "text", "text": "A"}]}]
     assert proc.apply_chat_template(parts, add_generation_prompt=True) == "S USER: <image>\nQ ASSISTANT: A ASSISTANT:"
+    url = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}},
+                                        {"type": "text", "text": "Q"}]}]
+    # the template itself selects only type == "image"; the processor rewrites image_url parts into those first
+    assert proc.apply_chat_template(url, add_generation_prompt=True) == "USER: <image>\nQ ASSISTANT:"
 
 
 def test_qwen_template_facts(hf_family):
