@@ -113,3 +113,21 @@ def test_qwen_pruning_is_masking(hf_family, conversation):
     sel = R.select(fam, nat, 16)
     ans = R.chat(fam, CONVERSATIONS[conversation](), budget=16, max_new_tokens=STEPS)
     assert ans.tokens == R.masked_chat(fam, nat, sel, STEPS)
+
+
+@pytest.mark.parametrize("family", R.FAMILIES)
+def test_image_without_text_has_uniform_weights(hf_family, family):
+    """A user message with an image and no text has no instruction rows: no demand, uniform weights (the literal
+    greedy with relevance None); under "latest" the last user message's question gives it a demand."""
+    from tests.literal_selection import coverage_reference
+
+    fam = hf_family(family)
+    messages = [{"role": "user", "content": [{"type": "image", "image": two_turns()[1]["content"][0]["image"]}]},
+                {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": QUESTION_B}]
+    nat = R.native(fam, messages)
+    assert nat.instr_turn[0].size == 0 and nat.instr_latest.size > 0
+    sel = R.select(fam, nat, 16, demand="turn")
+    feats = nat.features[0][torch.from_numpy(nat.candidates[0])].double().numpy()
+    assert sel.relevance[0] is None and sel.keep[0].tolist() == coverage_reference(feats, None, 16).tolist()
+    assert R.select(fam, nat, 16, demand="latest").relevance[0] is not None
