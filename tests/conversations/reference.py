@@ -160,8 +160,9 @@ class Native:
     ids int64 [L]; inputs: the processor's output (for model.generate); embeds float32 [1, L, d] (HF merge);
     positions int64 [R, L] (R = 1 for LLaVA/NeXT: 0..L-1; R = 3 for Qwen2.5-VL: get_rope_index);
     spans: per image j, int64 [S_j] positions in ids; candidates: per image, int64 [n_j] indices into its span
-    (NeXT: not the image_newline rows); always: per image, indices into its span kept whatever the budget
-    (none here: NeXT newline rows under "drop"); image_message: per image, the index of the message holding it;
+    (NeXT: not the image_newline rows); newline: per image, bool [S_j] (NeXT's image_newline rows, kept with
+    newline_policy="keep"); image_message: per image, the index of the message holding it; features: per image,
+    its span rows float32 [S_j, d];
     message_spans: per message, its text parts' character spans in `text`; instr_turn: per image, int64 [T_j]
     positions of the tokens overlapping its message's text parts; instr_latest: int64 [T] same for the last user
     message.
