@@ -1,7 +1,7 @@
 """Session fixtures for the conversation references: the three tiny checkpoints with their HF processor and
 eager float32 model (`hf_family(name)`), sample images of different sizes and conversations.
 
-The checkpoints are written by coverpruner.testing's tiny presets (the only coverpruner import here: fixtures);
+The checkpoints are tests/conftest.py's Builds of coverpruner.testing's tiny presets (fixtures only);
 everything the references compute comes from transformers (tests/conversations/reference.py).
 """
 
@@ -16,21 +16,9 @@ PRESETS = {"llava": "tiny", "llava_next": "llava-next-tiny", "qwen2_5_vl": "qwen
 
 
 @pytest.fixture(scope="session")
-def conv_checkpoints(tmp_path_factory):
-    """name -> Path of the family's tiny checkpoint, written on first use."""
-    from coverpruner.testing.checkpoints import write_checkpoint
-    from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
-
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(f"conv_{name}")
-            writer = write_qwen_checkpoint if name == "qwen2_5_vl" else write_checkpoint
-            cache[name] = writer(out, preset=PRESETS[name], seed=0)
-        return cache[name]
-
-    return get
+def conv_checkpoints(builds):
+    """name -> Path of the family's tiny checkpoint (tests/conftest.py Builds: the one the matrix exports)."""
+    return lambda name: builds.checkpoint(PRESETS[name])
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Issue 19's acceptance tests: Pipeline.chat, coverpruner-run --messages and the server against the independent
-references of reference.py. Written in phase A, skipped until Pipeline.chat exists (phase B removes the mark).
+references of reference.py.
 
 The API these tests assume (docs/conversations.md):
     Pipeline.chat(messages, budget=64, method="coverpruner", demand="turn", max_new_tokens=128, tau=None,
@@ -24,26 +24,14 @@ from tests.conversations import reference as R
 from tests.conversations.conftest import PRESETS
 from tests.conversations.conversations import CONVERSATIONS, data_url, image, two_turns
 
-pytestmark = [pytest.mark.slow, pytest.mark.skip(reason="Pipeline.chat lands in phase B")]
+pytestmark = pytest.mark.slow
 STEPS = 8
 
 
 @pytest.fixture(scope="session")
-def conv_export(conv_checkpoints, tmp_path_factory):
-    """name -> fp32 engine dir of the family's tiny checkpoint (the real exporter), built on first use."""
-    from coverpruner.export.exporter import ExportOptions, export_model
-
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            out = tmp_path_factory.mktemp(f"conv_export_{name}")
-            export_model(conv_checkpoints(name), out, PRESETS[name],
-                         ExportOptions(dtype="fp32", progress=False))
-            cache[name] = out
-        return cache[name]
-
-    return get
+def conv_export(builds):
+    """name -> fp32 engine dir of the family's tiny checkpoint (tests/conftest.py Builds: exported once per run)."""
+    return lambda name: builds.export(PRESETS[name])
 
 
 @pytest.fixture(scope="session")
@@ -66,11 +54,11 @@ def _same_kept(got, want):
 
 @pytest.mark.parametrize("demand", ["turn", "latest"])
 @pytest.mark.parametrize("budget", ["full", 16])
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_two_turns_equal_the_reference(conv_pipe, hf_family, family, budget, demand):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_two_turns_equal_the_reference(conv_pipe, hf_family, fam_name, budget, demand):
     """[system, user(image A + question), assistant(answer), user(image B + question)]."""
-    want = R.chat(hf_family(family), two_turns(), budget=budget, demand=demand, max_new_tokens=STEPS)
-    got = conv_pipe(family).chat(two_turns(), budget=budget, demand=demand, max_new_tokens=STEPS)
+    want = R.chat(hf_family(fam_name), two_turns(), budget=budget, demand=demand, max_new_tokens=STEPS)
+    got = conv_pipe(fam_name).chat(two_turns(), budget=budget, demand=demand, max_new_tokens=STEPS)
     assert got.token_ids == want.tokens
     _same_kept(got, want)
     assert got.prefill_tokens == want.rows.size
@@ -81,21 +69,21 @@ def test_two_turns_equal_the_reference(conv_pipe, hf_family, family, budget, dem
 
 
 @pytest.mark.parametrize("conversation", ["text_only", "three_images"])
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_text_only_and_three_images_equal_the_reference(conv_pipe, hf_family, family, conversation):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_text_only_and_three_images_equal_the_reference(conv_pipe, hf_family, fam_name, conversation):
     messages = CONVERSATIONS[conversation]()
     for budget in ("full", 16):
-        want = R.chat(hf_family(family), messages, budget=budget, max_new_tokens=STEPS)
-        got = conv_pipe(family).chat(messages, budget=budget, max_new_tokens=STEPS)
+        want = R.chat(hf_family(fam_name), messages, budget=budget, max_new_tokens=STEPS)
+        got = conv_pipe(fam_name).chat(messages, budget=budget, max_new_tokens=STEPS)
         assert got.token_ids == want.tokens
         _same_kept(got, want)
     if conversation == "text_only":
-        assert got.images == [] and got.token_ids == R.hf_generate(hf_family(family), messages, STEPS)
+        assert got.images == [] and got.token_ids == R.hf_generate(hf_family(fam_name), messages, STEPS)
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_generate_is_chat_with_one_user_message(conv_pipe, family):
-    pipe, img = conv_pipe(family), image(0)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_generate_is_chat_with_one_user_message(conv_pipe, fam_name):
+    pipe, img = conv_pipe(fam_name), image(0)
     one = pipe.generate(img, "Describe it.", budget=16, max_new_tokens=STEPS)
     chat = pipe.chat([{"role": "user", "content": [{"type": "image", "image": img},
                                                    {"type": "text", "text": "Describe it."}]}],
@@ -103,10 +91,10 @@ def test_generate_is_chat_with_one_user_message(conv_pipe, family):
     assert chat.token_ids == one.token_ids and chat.images[0].kept_indices.tolist() == one.kept_indices.tolist()
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_prefix_cache_gives_identical_tokens(conv_pipe, family):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_prefix_cache_gives_identical_tokens(conv_pipe, fam_name):
     """Turn 2 after turn 1 reuses the pruned prefix (cached_tokens > 0) and answers exactly as a cold request."""
-    pipe = conv_pipe(family)
+    pipe = conv_pipe(fam_name)
     pipe.clear_prefix_cache()
     cold = pipe.chat(two_turns(), budget=16, max_new_tokens=STEPS)
     pipe.clear_prefix_cache()

@@ -20,9 +20,9 @@ STEPS = 6
 
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_full_budget_is_transformers_generate(hf_family, family, conversation):
-    fam = hf_family(family)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_full_budget_is_transformers_generate(hf_family, fam_name, conversation):
+    fam = hf_family(fam_name)
     messages = CONVERSATIONS[conversation]()
     ref = R.chat(fam, messages, budget="full", max_new_tokens=STEPS)
     assert ref.tokens == R.hf_generate(fam, messages, STEPS)
@@ -30,11 +30,11 @@ def test_full_budget_is_transformers_generate(hf_family, family, conversation):
     assert ref.rows.tolist() == list(range(nat.ids.numel())), "budget full keeps every row"
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_turn_demand_is_causal(hf_family, family):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_turn_demand_is_causal(hf_family, fam_name):
     """Image A's demand and kept indices are the same with and without the later turns (layer 0 is causal), and
     the whole first request is a prefix of the second (what prefix reuse relies on)."""
-    fam = hf_family(family)
+    fam = hf_family(fam_name)
     one, two = R.native(fam, first_turn()), R.native(fam, two_turns())
     assert two.ids[:one.ids.numel()].tolist() == one.ids.tolist()
     sel_one = R.select(fam, one, 16, demand="turn")
@@ -46,9 +46,9 @@ def test_turn_demand_is_causal(hf_family, family):
     assert len(sel_two.keep) == 2 and all(k.size == 16 for k in sel_two.keep)
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_latest_demand_reselects_with_the_new_question(hf_family, family):
-    fam = hf_family(family)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_latest_demand_reselects_with_the_new_question(hf_family, fam_name):
+    fam = hf_family(fam_name)
     nat = R.native(fam, two_turns())
     tok = fam.processor.tokenizer
     assert tok.decode(nat.ids[nat.instr_turn[0]]).strip() == QUESTION_A
@@ -62,9 +62,9 @@ def test_latest_demand_reselects_with_the_new_question(hf_family, family):
     assert nat.instr_latest.min() > nat.spans[1].max() > nat.spans[0].max()
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_three_images_share_one_message(hf_family, family):
-    fam = hf_family(family)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_three_images_share_one_message(hf_family, fam_name):
+    fam = hf_family(fam_name)
     nat = R.native(fam, three_images())
     assert len(nat.spans) == 3 and nat.image_message == [0, 0, 0]
     assert all(t.tolist() == nat.instr_latest.tolist() for t in nat.instr_turn)
@@ -75,9 +75,9 @@ def test_three_images_share_one_message(hf_family, family):
     assert 1 <= len(ans.tokens) <= STEPS
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_pruned_rows_are_text_plus_kept_rows_in_native_order(hf_family, family):
-    fam = hf_family(family)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_pruned_rows_are_text_plus_kept_rows_in_native_order(hf_family, fam_name):
+    fam = hf_family(fam_name)
     nat = R.native(fam, two_turns())
     sel = R.select(fam, nat, 16, demand="turn")
     rows = R.pruned_rows(nat, sel)
@@ -85,17 +85,17 @@ def test_pruned_rows_are_text_plus_kept_rows_in_native_order(hf_family, family):
     kept = np.concatenate([span[cand[k]] for span, cand, k in zip(nat.spans, nat.candidates, sel.keep)])
     assert rows.tolist() == sorted(set(range(nat.ids.numel())) - set(image.tolist()) | set(kept.tolist()))
     positions, start = R.pruned_positions(fam, nat, rows)
-    if family == "qwen2_5_vl":
+    if fam_name == "qwen2_5_vl":
         assert torch.equal(positions, nat.positions[:, torch.from_numpy(rows)])
         assert start == int(nat.positions.max()) + 1
     else:
         assert positions.tolist() == [list(range(rows.size))] and start == rows.size
 
 
-@pytest.mark.parametrize("family", ["llava_next"])
-def test_next_newline_rows(hf_family, family):
+@pytest.mark.parametrize("fam_name", ["llava_next"])
+def test_next_newline_rows(hf_family, fam_name):
     """Newline rows are not candidates; "drop" prunes them with the rest, "keep" keeps every one of them."""
-    fam = hf_family(family)
+    fam = hf_family(fam_name)
     nat = R.native(fam, two_turns())
     assert all(nl.any() for nl in nat.newline)
     drop = R.select(fam, nat, 16, newline_policy="drop")
@@ -115,13 +115,13 @@ def test_qwen_pruning_is_masking(hf_family, conversation):
     assert ans.tokens == R.masked_chat(fam, nat, sel, STEPS)
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_image_without_text_has_uniform_weights(hf_family, family):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_image_without_text_has_uniform_weights(hf_family, fam_name):
     """A user message with an image and no text has no instruction rows: no demand, uniform weights (the literal
     greedy with relevance None); under "latest" the last user message's question gives it a demand."""
     from tests.literal_selection import coverage_reference
 
-    fam = hf_family(family)
+    fam = hf_family(fam_name)
     messages = [{"role": "user", "content": [{"type": "image", "image": two_turns()[1]["content"][0]["image"]}]},
                 {"role": "assistant", "content": "ok"},
                 {"role": "user", "content": QUESTION_B}]

@@ -14,12 +14,12 @@ from tests.conversations.conversations import CONVERSATIONS, SIZES, image
 
 pytestmark = pytest.mark.slow  # runs the tiny HF processors and models
 
-@pytest.mark.parametrize("family", ["llava", "llava_next"])
-def test_llava_template_facts(hf_family, family):
+@pytest.mark.parametrize("fam_name", ["llava", "llava_next"])
+def test_llava_template_facts(hf_family, fam_name):
     """llava-hf's template: a bare string content renders nothing (so it is normalised to a text part), a system
     message has no role prefix, a message's images come first whatever their order among its parts, and an
     image_url part is an image (transformers rewrites it to {"type": "image", "url": ...} before rendering)."""
-    proc = hf_family(family).processor
+    proc = hf_family(fam_name).processor
     bare = proc.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}],
                                     add_generation_prompt=True)
     assert bare == "USER: ASSISTANT:"
@@ -44,16 +44,16 @@ def test_qwen_template_facts(hf_family):
                     "Q<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n<|im_start|>assistant\n")
 
 
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_span_rows_per_image(hf_family, family):
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_span_rows_per_image(hf_family, fam_name):
     """S_j per image as the processor computes it: LLaVA a constant, NeXT from each image's own size (anyres
     grid, unpadding, newline rows), Qwen2.5-VL prod(grid_thw_j) / merge^2."""
-    fam = hf_family(family)
+    fam = hf_family(fam_name)
     nat = R.native(fam, CONVERSATIONS["three_images"]())
     sizes = [s.size for s in nat.spans]
-    if family == "llava":
+    if fam_name == "llava":
         assert sizes == [144, 144, 144]
-    elif family == "llava_next":
+    elif fam_name == "llava_next":
         proc = fam.processor
         tile = nat.inputs["pixel_values"].shape[-1]
         want = [proc._get_number_of_features(h, w, tile, tile) - 1 for w, h in SIZES]  # -1: "default" drops CLS

@@ -1,8 +1,7 @@
 """One image in one user turn is the special case: the conversation reference equals the single-image references
 that the existing pipeline tests use (kept indices, demand to float32 rounding, tokens), for every family.
 
-Imports the single-image references by their pre-issue-16 paths (tests/runtime/hf_reference.py,
-tests/families/next_reference.py, tests/qwen/hf_reference.py); issue 16 moves them, update the imports then.
+Imports the single-image references from tests/families/<family>/hf_reference.py.
 """
 
 from __future__ import annotations
@@ -21,17 +20,17 @@ STEPS = 8
 def _single_image_reference(fam, img, budget):
     """(tokens, kept indices, relevance) from the family's own single-image reference."""
     if fam.name == "llava":
-        from tests.runtime import hf_reference as ref
+        from tests.families.llava import hf_reference as ref
 
         tokens, keep, relevance, _ = ref.pruned_generate(fam.model, fam.processor, img, PROMPT, budget,
                                                          "coverpruner", STEPS)
         return tokens, keep, relevance
     if fam.name == "llava_next":
-        from tests.families import next_reference as ref
+        from tests.families.llava_next import hf_reference as ref
 
         req = ref.native_request(fam.model, fam.processor, img, PROMPT)
         return ref.pruned_generate(fam.model, fam.model, req, budget, "coverpruner", "drop", STEPS)
-    from tests.qwen import hf_reference as ref
+    from tests.families.qwen2_5_vl import hf_reference as ref
 
     req = ref.native_request(fam.model, fam.ckpt, img, PROMPT)
     keep = ref.select(fam.model, req, "coverpruner", budget)
@@ -39,9 +38,9 @@ def _single_image_reference(fam, img, budget):
 
 
 @pytest.mark.parametrize("budget", [16, 40])
-@pytest.mark.parametrize("family", R.FAMILIES)
-def test_one_image_one_turn_is_the_single_image_reference(hf_family, family, budget):
-    fam, img = hf_family(family), image(0)
+@pytest.mark.parametrize("fam_name", R.FAMILIES)
+def test_one_image_one_turn_is_the_single_image_reference(hf_family, fam_name, budget):
+    fam, img = hf_family(fam_name), image(0)
     ours = R.chat(fam, [{"role": "user", "content": [{"type": "image", "image": img},
                                                      {"type": "text", "text": PROMPT}]}],
                   budget=budget, max_new_tokens=STEPS)
