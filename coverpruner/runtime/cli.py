@@ -146,8 +146,14 @@ def run(args) -> int:
         from coverpruner.runtime.visualize import save_selection
 
         if messages is not None:
-            raise OptionError("--save-selection draws one image: use it with --image")
-        save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
+            from coverpruner.runtime.messages import normalize
+            from coverpruner.runtime.visualize import save_conversation
+
+            if not result.images:
+                raise OptionError("--save-selection: the conversation has no image to draw")
+            save_conversation(args.save_selection, normalize(messages).images, result.images)
+        else:
+            save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
     if args.json:
         print(json.dumps({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, indent=2))
     else:
