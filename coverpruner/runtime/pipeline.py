@@ -48,8 +48,9 @@ METHODS = tuple(SELECTORS)
 _USES_RELEVANCE = {"coverpruner", "attention"}
 #: Where an image's demand comes from: its own user message ("turn") or the last user message ("latest").
 DEMANDS = ("turn", "latest")
-#: Prefix cache size when Pipeline.load is not told (MiB; 0 turns it off).
-DEFAULT_PREFIX_CACHE_MB = 256
+#: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
+#: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
+DEFAULT_PREFIX_CACHE_MB = 0
 
 
 def parse_budget(budget) -> int | None:

@@ -42,7 +42,7 @@ def conv_pipe(conv_export):
 
     def get(name):
         if name not in cache:
-            cache[name] = Pipeline.load(conv_export(name))
+            cache[name] = Pipeline.load(conv_export(name), prefix_cache_mb=256)
         return cache[name]
 
     return get
@@ -171,3 +171,30 @@ def test_server_turn_by_turn_with_cache(conv_export, conv_pipe):
                 [g.kept_indices.tolist() for g in want.images]
     assert answers[256][1].usage.prompt_tokens_details.cached_tokens > 0
     assert answers[0][1].usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_run_cli_messages_picture_and_bad_file(conv_export, tmp_path):
+    """--save-selection draws one panel per image; a broken CONV.json is one line on stderr and exit 2."""
+    from PIL import Image
+
+    image(0).save(tmp_path / "a.png")
+    image(2).save(tmp_path / "b.png")
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "a.png"}},
+                                             {"type": "image", "image": "b.png"},
+                                             {"type": "text", "text": "Compare them."}]}]
+    (tmp_path / "conv.json").write_text(json.dumps(messages))
+    cmd = [sys.executable, "-m", "coverpruner.runtime.cli", str(conv_export("llava")), "--budget", "16",
+           "--max-new-tokens", "2"]
+    subprocess.run(cmd + ["--messages", str(tmp_path / "conv.json"), "--save-selection", str(tmp_path / "sel.png")],
+                   capture_output=True, text=True, check=True)
+    single = subprocess.run(cmd + ["--image", str(tmp_path / "a.png"), "--prompt", "Compare them.",
+                                   "--save-selection", str(tmp_path / "one.png")], capture_output=True, text=True,
+                            check=True)
+    assert single.returncode == 0
+    # two panels side by side: wider than the one-image picture
+    assert Image.open(tmp_path / "sel.png").width > Image.open(tmp_path / "one.png").width
+    (tmp_path / "bad.json").write_text("{not json")
+    for extra in (["--messages", str(tmp_path / "bad.json")],
+                  ["--messages", str(tmp_path / "conv.json"), "--image", str(tmp_path / "a.png")]):
+        out = subprocess.run(cmd + extra, capture_output=True, text=True)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
