@@ -10,6 +10,8 @@ imports another family. One request, as the runtime drives it (shapes for batch 
     image  --prepare_image-->  VisionInputs: feeds for vision.onnx, n, picture geometry, private facts
     vision.onnx outputs  --image_span-->  ImageSpan: rows [S, d] of the image span, candidates [n] among them
     prompt  --layout(S)-->  NativeLayout: input_ids [L], visual_positions [S], instruction_positions [T]
+    messages --conversation_layout([S_j])--> ConversationLayout: input_ids [L], image_spans [S_j] per image,
+             instruction tokens per image (its message) and of the last user message (k images, k >= 0)
     native_positions  -> int64 [R, L]                      (R = position_rank: 1, or 3 for M-RoPE)
     probe over the native sequence, at visual_positions[candidates]  -> relevance [n]
     selector(V = rows[candidates], relevance)  -> keep [m] (indices into the candidates)
@@ -134,6 +136,45 @@ class NativeLayout:
     text: str = ""
 
 
+@dataclass(frozen=True)
+class ConversationLayout:
+    """The un-pruned input sequence of a conversation with k images (batch 1); k = 0 for text only.
+
+    input_ids: int64 [L], each image placeholder expanded to that image's S_j image-token ids.
+    image_spans: per image j (message order, then part order), int64 [S_j] ascending sequence indices of its rows.
+    image_message: int64 [k], the index of the message holding image j.
+    instruction_turn: per image j, int64 [T_j] indices of the tokens overlapping the text parts of image j's
+    message (empty when that message has no text: its weights are then uniform).
+    instruction_latest: int64 [T], the same for the last user message. text: the rendered conversation.
+    """
+
+    input_ids: np.ndarray
+    image_spans: tuple[np.ndarray, ...]
+    image_message: np.ndarray
+    instruction_turn: tuple[np.ndarray, ...]
+    instruction_latest: np.ndarray
+    text: str = ""
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_spans)
+
+    @property
+    def visual_positions(self) -> np.ndarray:
+        """int64 [sum S_j]: every image row's sequence index, ascending (image 0's span when k = 1)."""
+        return (np.concatenate(self.image_spans) if self.image_spans else np.zeros(0, np.int64)).astype(np.int64)
+
+    @property
+    def instruction_positions(self) -> np.ndarray:
+        """int64 [T]: image 0's instruction tokens (the one-image request's), else the last user message's."""
+        return self.instruction_turn[0] if self.image_spans else self.instruction_latest
+
+    def instruction(self, j: int, demand: str) -> np.ndarray:
+        """int64 [T]: the instruction tokens of image j's demand ("turn": its message; "latest": the last user
+        message)."""
+        return self.instruction_turn[j] if demand == "turn" else self.instruction_latest
+
+
 @dataclass
 class ProbeParts:
     """Layer-0 pieces the probe graph needs (torch modules / callables from the HF model).
@@ -231,8 +272,16 @@ class FamilyRuntime(Protocol):
         to ``num_image_rows`` (S) tokens. tokenizer: a `tokenizers.Tokenizer`. ValueError (one line) when
         the prompt cannot be laid out (empty, contains the image token, ...)."""
 
-    def native_positions(self, layout: NativeLayout, vision: VisionInputs) -> np.ndarray:
-        """int64 [R, L]: the positions the model itself gives the full sequence."""
+    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
+        """Chat template + tokenization of a conversation. messages: [{"role": "system"|"user"|"assistant",
+        "content": [{"type": "text", "text": str} | {"type": "image"}, ...]}] (runtime/messages.py normalises
+        OpenAI messages to this); the j-th image placeholder expands to ``rows_per_image[j]`` (S_j) tokens.
+        ValueError (one line, naming messages[i].content[j]) for text the layout cannot take."""
+
+    def native_positions(self, layout: NativeLayout | ConversationLayout,
+                         visions: VisionInputs | list[VisionInputs]) -> np.ndarray:
+        """int64 [R, L]: the positions the model itself gives the full sequence (visions: the images in order,
+        or the one image of a one-image layout)."""
 
     def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """native int64 [R, L], rows int64 [L'] (ascending sequence indices kept) -> int64 [R, L'] positions of

@@ -15,18 +15,22 @@ does not import torch or transformers; the export-time methods import them insid
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import DecoderLayerWeights, DecoderWeights, NativeLayout, ProbeParts
+from coverpruner.families.contract import (ConversationLayout, DecoderLayerWeights, DecoderWeights, NativeLayout,
+                                           ProbeParts)
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 PROMPT_SENTINEL = "\u2063COVERPRUNER_PROMPT\u2063"  # invisible separator chars: never in real prompts
+# one sentinel per text part of a conversation (the k-th text part renders as TEXT_SENTINEL.format(k))
+TEXT_SENTINEL = "\u2063COVERPRUNER_TEXT{}\u2063"
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,93 @@ def tokenize_layout(tokenizer, rendered: RenderedPrompt, image_token_id: int, nu
     if instr.size == 0:
         raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
     return NativeLayout(ids, visual, instr, rendered.text)
+
+
+@dataclass(frozen=True)
+class RenderedConversation:
+    """A conversation through the chat template, image placeholders expanded.
+
+    text: what the tokenizer sees. text_spans: per message, the [start, end) character spans of its text parts.
+    """
+
+    text: str
+    text_spans: tuple[tuple[tuple[int, int], ...], ...]
+
+
+def render_conversation(chat_template: str, messages: list[dict], image_token: str, rows_per_image: list[int],
+                        reserved: tuple[str, ...] = ()) -> RenderedConversation:
+    """Render ``messages`` (each {"role", "content": [{"type": "text", "text"} | {"type": "image"}]}) with the
+    chat template (add_generation_prompt), expand the j-th image placeholder to ``rows_per_image[j]`` copies of
+    ``image_token`` and record each text part's character span (every text part renders as a unique sentinel,
+    then the texts are put back). ValueError (one line, naming messages[i].content[j]) when a text holds
+    ``image_token`` or a ``reserved`` string, or the template does not render each part exactly once."""
+    marked, texts, images = [], [], 0
+    for i, msg in enumerate(messages):
+        parts = []
+        for j, part in enumerate(msg["content"]):
+            if part["type"] == "text":
+                for bad in (image_token, *reserved):
+                    if bad in part["text"]:
+                        what = "the image token" if bad == image_token else "the image markers"
+                        raise ValueError(f"messages[{i}].content[{j}]: the text must not contain {what} {bad!r}; "
+                                         "images are placed by the chat template")
+                parts.append({"type": "text", "text": TEXT_SENTINEL.format(len(texts))})
+                texts.append((i, part["text"]))
+            else:
+                parts.append({"type": "image"})
+                images += 1
+        marked.append({"role": msg["role"], "content": parts})
+    if images != len(rows_per_image):
+        raise ValueError(f"the messages hold {images} images; {len(rows_per_image)} image spans were given")
+    rendered = render_chat_template(chat_template, marked, add_generation_prompt=True)
+    pieces = re.split("(" + re.escape(image_token) + "|\u2063COVERPRUNER_TEXT\\d+\u2063)", rendered)
+    out, spans, seen, image = [], [[] for _ in messages], set(), 0
+    length = 0
+    for piece in pieces:
+        if piece == image_token:
+            if image >= len(rows_per_image):
+                raise ValueError(f"chat template rendered more image placeholders than the {images} images")
+            piece = image_token * int(rows_per_image[image])
+            image += 1
+        elif piece.startswith("\u2063COVERPRUNER_TEXT"):
+            k = int(piece[len("\u2063COVERPRUNER_TEXT"):-1])
+            if k in seen:
+                raise ValueError(f"chat template rendered text part {k} twice")
+            seen.add(k)
+            i, piece = texts[k]
+            spans[i].append((length, length + len(piece)))
+        out.append(piece)
+        length += len(piece)
+    if image != images or len(seen) != len(texts):
+        raise ValueError(f"chat template rendered {image} of {images} images and {len(seen)} of {len(texts)} "
+                         "text parts")
+    return RenderedConversation("".join(out), tuple(tuple(s) for s in spans))
+
+
+def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: list[dict], image_token_id: int,
+                          rows_per_image: list[int]) -> ConversationLayout:
+    """Tokenize a rendered conversation (BOS from the tokenizer's post-processor, as HF does) and locate each
+    image's rows (the j-th run of ``rows_per_image[j]`` image tokens) and the instruction tokens (non-empty
+    offsets overlapping the text parts of a message, image tokens never). ValueError on a count mismatch."""
+    enc = tokenizer.encode(rendered.text)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
+    if visual.size != sum(rows_per_image):
+        raise ValueError(f"tokenized conversation has {visual.size} image tokens (id {image_token_id}), expected "
+                         f"{sum(rows_per_image)}")
+    bounds = np.cumsum([0, *rows_per_image])
+    image_spans = tuple(visual[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+
+    def instruction(i: int) -> np.ndarray:
+        hits = [instruction_positions_from_offsets(enc.offsets, span) for span in rendered.text_spans[i]]
+        pos = np.unique(np.concatenate(hits)).astype(np.int64) if hits else np.zeros(0, np.int64)
+        return pos[~np.isin(pos, visual)]
+
+    image_message = [i for i, m in enumerate(messages) for p in m["content"] if p["type"] == "image"]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    latest = instruction(users[-1]) if users else np.zeros(0, np.int64)
+    return ConversationLayout(ids, image_spans, np.asarray(image_message, dtype=np.int64),
+                              tuple(instruction(i) for i in image_message), latest, rendered.text)
 
 
 class CompactPositions:
@@ -286,6 +377,8 @@ class HFRuntime:
     chat-template layout of one user turn with `image_token` expanded to the image's rows."""
 
     image_token: str = ""
+    #: strings a text part must not hold besides the image token (e.g. Qwen2.5-VL's vision markers)
+    reserved_strings: tuple[str, ...] = ()
 
     def __init__(self, manifest):
         self.chat_template = manifest.chat_template
@@ -295,3 +388,9 @@ class HFRuntime:
     def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
         rendered = render_image_prompt(self.chat_template, prompt, self.image_token, num_image_rows)
         return tokenize_layout(tokenizer, rendered, self.image_token_id, num_image_rows)
+
+    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
+        """contract.FamilyRuntime.conversation_layout: the chat template over the whole conversation."""
+        rendered = render_conversation(self.chat_template, messages, self.image_token, list(rows_per_image),
+                                       self.reserved_strings)
+        return tokenize_conversation(tokenizer, rendered, messages, self.image_token_id, list(rows_per_image))

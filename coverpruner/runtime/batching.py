@@ -187,10 +187,6 @@ class BatchGenerator:
         now = time.perf_counter()
         run.times["decode"] = now - run.t_decode
         run.times["total"] = now - run.t_start
-        sel, native = run.selection, run.native
-        result = GenerationResult(
-            text=run.stream.emitted, token_ids=run.tokens, kept_indices=sel.keep, relevance=sel.relevance,
-            timings=run.times, num_visual_tokens=native.num_candidates, prompt_tokens=native.length,
-            prefill_tokens=run.rows, budget=run.request.budget, method=run.request.method, finish_reason=finish,
-            panels=native.vision.panels, options=run.request.options)
+        result = self.pipe.result(run.request, run.native, run.selection, run.stream.emitted, run.tokens, run.times,
+                                  run.rows, finish)
         return BatchEvent(run.rid, piece, result)

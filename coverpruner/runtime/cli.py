@@ -1,6 +1,7 @@
 """coverpruner-run: answer a question about an image with an exported engine dir.
 
-    coverpruner-run DIR --image PATH --prompt TEXT [--budget N|full] [--method NAME]
+    coverpruner-run DIR (--image PATH --prompt TEXT | --messages CONV.json) [--budget N|full] [--method NAME]
+                    [--demand turn|latest] [--max-images N] [--ignore-eos] [--prefix-cache-mb MB]
                     [--provider NAME] [--max-new-tokens N] [--stream] [--json] [--save-selection PNG]
                     [family options, e.g. --newline-policy drop|keep]
 
@@ -24,8 +25,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="coverpruner-run", description=__doc__.split("\n\n")[0])
     p.add_argument("engine_dir", metavar="DIR", help="engine dir written by coverpruner-export")
     req = p.add_argument_group("request")
-    req.add_argument("--image", required=True, help="image file (PNG, JPEG, ...)")
-    req.add_argument("--prompt", required=True, help="question about the image")
+    req.add_argument("--image", default=None, help="image file (PNG, JPEG, ...)")
+    req.add_argument("--prompt", default=None, help="question about the image")
+    req.add_argument("--messages", metavar="CONV.json", default=None,
+                     help="a conversation instead of --image/--prompt: a JSON list of OpenAI-format messages "
+                          "(system / user / assistant; image_url parts with data: URLs or local paths, relative "
+                          "to the file's folder)")
+    req.add_argument("--demand", choices=("turn", "latest"), default="turn",
+                     help="an image's demand from its own message (turn, default) or the last user message")
+    req.add_argument("--max-images", type=int, default=None, help="most images per request (default: manifest, 8)")
     prune = p.add_argument_group("pruning")
     prune.add_argument("--budget", default=None,
                        help="visual tokens to keep (integer) or 'full' for no pruning (default: manifest)")
@@ -40,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     gen.add_argument("--seed", type=int, default=None, help="sampling / random-method seed")
+    gen.add_argument("--ignore-eos", action="store_true", help="decode past EOS up to --max-new-tokens")
     fam = p.add_argument_group("model family options (default: the engine dir's)")
     for name, (opt, families) in sorted(request_options().items()):
         choices = f" ({'|'.join(map(str, opt.choices))})" if opt.choices else ""
@@ -48,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng = p.add_argument_group("engine")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
     eng.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's choice)")
+    eng.add_argument("--prefix-cache-mb", type=float, default=0,
+                     help="MiB for reusing pruned prefixes within this run (default 0: off; one request per run)")
     out = p.add_argument_group("output")
     out.add_argument("--stream", action="store_true", help="print the answer as it is decoded")
     out.add_argument("--json", action="store_true", help="print the full result with timings as JSON")
@@ -60,8 +71,10 @@ def _format_timings(result) -> str:
     t = result.timings_ms
     return ("timings ms: " + " ".join(f"{k}={t[k]:.1f}" for k in
                                       ("preprocess", "vision", "embed", "probe", "select", "prefill", "decode", "total"))
-            + f" | decode {result.decode_tokens_per_s:.1f} tok/s | kept {len(result.kept_indices)}"
-              f"/{result.num_visual_tokens} visual tokens, prefill {result.prefill_tokens} tokens")
+            + f" | decode {result.decode_tokens_per_s:.1f} tok/s | kept "
+              f"{sum(len(i.kept_indices) for i in result.images)}/{sum(i.num_visual_tokens for i in result.images)}"
+              f" visual tokens of {len(result.images)} image(s), prefill {result.prefill_tokens} tokens"
+              + (f" ({result.cached_tokens} cached)" if result.cached_tokens else ""))
 
 
 def engine_precision(manifest) -> dict:
@@ -72,6 +85,36 @@ def engine_precision(manifest) -> dict:
             "quantization": quant}
 
 
+def read_messages(path: str) -> list:
+    """CONV.json -> the message list, local image paths made relative to the file's folder. OptionError (one
+    line naming the file) when it cannot be read or is not a JSON list."""
+    from pathlib import Path
+
+    file = Path(path)
+    try:
+        messages = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"{file}: cannot read ({exc.strerror or exc})") from None
+    except json.JSONDecodeError as exc:
+        raise OptionError(f"{file}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(messages, list):
+        raise OptionError(f"{file}: expected a JSON list of messages, got {type(messages).__name__}")
+    for msg in messages:
+        for part in msg.get("content", []) if isinstance(msg, dict) and isinstance(msg.get("content"), list) else []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") == "image" and isinstance(part.get("image"), str):
+                part["image"] = str(file.parent / part["image"])
+            elif part.get("type") == "image_url":
+                url = part.get("image_url")
+                key = isinstance(url, dict) and isinstance(url.get("url"), str)
+                url = url["url"] if key else url
+                if isinstance(url, str) and not url.startswith(("data:", "http://", "https://")):
+                    local = str(file.parent / url.removeprefix("file://"))
+                    part["image_url"] = {"url": local} if key else local
+    return messages
+
+
 def run(args) -> int:
     from coverpruner.runtime.pipeline import Pipeline
 
@@ -79,14 +122,22 @@ def run(args) -> int:
         raise OptionError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
     if args.method is not None and args.method not in METHODS:
         raise OptionError(f"unknown method {args.method!r}; expected one of {list(METHODS)}")
-    pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector)
+    if (args.messages is None) == (args.image is None and args.prompt is None) or \
+            (args.messages is None and (args.image is None or args.prompt is None)):
+        raise OptionError("give --image and --prompt, or --messages CONV.json (not both)")
+    messages = read_messages(args.messages) if args.messages is not None else None
+    pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector,
+                         prefix_cache_mb=args.prefix_cache_mb)
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")
     options = {k[len("family_"):]: v for k, v in vars(args).items() if k.startswith("family_") and v is not None}
-    stream = pipe.stream(args.image, args.prompt, budget=budget, method=method, tau=args.tau,
-                         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                         seed=args.seed, **options)
+    common = dict(budget=budget, method=method, tau=args.tau, max_new_tokens=args.max_new_tokens,
+                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, **options)
+    if messages is not None:
+        stream = pipe.chat_stream(messages, demand=args.demand, max_images=args.max_images, **common)
+    else:
+        stream = pipe.stream(args.image, args.prompt, **common)
     for piece in stream:
         if args.stream and not args.json:
             print(piece, end="", flush=True)
@@ -94,7 +145,15 @@ def run(args) -> int:
     if args.save_selection:
         from coverpruner.runtime.visualize import save_selection
 
-        save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
+        if messages is not None:
+            from coverpruner.runtime.messages import normalize
+            from coverpruner.runtime.visualize import save_conversation
+
+            if not result.images:
+                raise OptionError("--save-selection: the conversation has no image to draw")
+            save_conversation(args.save_selection, normalize(messages).images, result.images)
+        else:
+            save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
     if args.json:
         print(json.dumps({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, indent=2))
     else:

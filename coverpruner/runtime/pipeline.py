@@ -20,6 +20,8 @@ This module never imports torch or transformers' modeling code.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import time
 from pathlib import Path
 from typing import Iterator
@@ -33,9 +35,11 @@ from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
-from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
+from coverpruner.runtime.messages import DEFAULT_MAX_IMAGES, normalize, one_turn
+from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
+from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
-from coverpruner.runtime.stages import DecodeState, NativeSequence, Prefill, Request, Selection
+from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
 from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
 
@@ -43,6 +47,11 @@ from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch o
 METHODS = tuple(SELECTORS)
 #: Methods that read the layer-0 demand; the probe graph runs only for these.
 _USES_RELEVANCE = {"coverpruner", "attention"}
+#: Where an image's demand comes from: its own user message ("turn") or the last user message ("latest").
+DEMANDS = ("turn", "latest")
+#: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
+#: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
+DEFAULT_PREFIX_CACHE_MB = 0
 
 
 def parse_budget(budget) -> int | None:
@@ -93,8 +102,11 @@ class Pipeline:
     the consumer spends between pieces.
     """
 
-    def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu", selector: str = "auto"):
+    def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu", selector: str = "auto",
+                 prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
         self.manifest = manifest
+        #: pruned-prefix KV snapshots, vision outputs and selections of earlier requests (runtime/prefix_cache.py)
+        self.prefix_cache = PrefixCache(int(float(prefix_cache_mb) * 2 ** 20))
         self.provider = provider
         #: how the coverpruner method selects: "auto" (selector.onnx up to AUTO_ONNX_MAX_CANDIDATES candidates,
         #: numpy above), "onnx" or "numpy"; "numpy" whenever no selector.onnx session was opened
@@ -140,7 +152,7 @@ class Pipeline:
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
              session_factory: SessionFactory | None = None, verify: bool = True,
-             selector: str = "auto") -> "Pipeline":
+             selector: str = "auto", prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB) -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
         engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
         message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
@@ -153,12 +165,17 @@ class Pipeline:
         after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
         a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
+        prefix_cache_mb: MiB of the prefix cache (KV of earlier pruned prefixes, vision outputs and selections;
+        runtime/prefix_cache.py); 0 turns it off.
+
         session_factory(name, path) -> session replaces the ORT factory (engines.interfaces.SessionFactory, e.g.
         engines.trt_session.TrtSessionFactory); a session with decoder_loop() brings its own DecoderLoop.
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+        if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
+            raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
         if selector not in SELECTOR_BACKENDS:
             raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
         manifest = load_manifest(Path(path), verify=verify)
@@ -186,7 +203,11 @@ class Pipeline:
                 sessions[name] = factory(name, graph_spec(manifest, name).path)
             except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        return cls(manifest, sessions, provider, selector)
+        return cls(manifest, sessions, provider, selector, prefix_cache_mb)
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix, vision output and selection."""
+        self.prefix_cache.clear()
 
     def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
                        ) -> list[GenerationResult]:
@@ -239,6 +260,46 @@ class Pipeline:
         return self.sessions["selector"].run(["keep"], feeds)[0].astype(np.int64)
 
     # -- generation -------------------------------------------------------------------------
+    def chat(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn", tau: float | None = None,
+             max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
+             ignore_eos: bool = False, max_images: int | None = None, **options) -> GenerationResult:
+        """Answer a conversation: OpenAI-format ``messages`` (system / user / assistant; content a string or parts
+        {"type": "text"}, {"type": "image_url", "image_url": {"url": data: URL or local path}}, {"type": "image",
+        "image": path | PIL image | uint8 array}). Each image is pruned to ``budget`` of its own candidates with
+        the demand of its own message (demand="turn") or of the last user message ("latest"). The result's
+        ``images`` hold each image's kept_indices / relevance / num_visual_tokens; ``cached_tokens`` the prefix
+        rows reused from earlier requests. max_images: the most images the request may hold (default: the
+        manifest's defaults.max_images, else 8). Other arguments as ``generate``."""
+        stream = self.chat_stream(messages, budget, method, demand, tau, max_new_tokens, temperature, top_p, seed,
+                                  ignore_eos, max_images, **options)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def chat_stream(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn",
+                    tau: float | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                    seed: int | None = None, ignore_eos: bool = False, max_images: int | None = None,
+                    **options) -> TextStream:
+        """Like chat, but iterating yields text pieces as they decode; ``.result`` at the end."""
+        request = self.chat_request(messages, budget, method, demand, tau, max_new_tokens, temperature, top_p, seed,
+                                    ignore_eos, max_images, **options)
+        return TextStream(self._generate(request))
+
+    def chat_request(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn",
+                     tau: float | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
+                     top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
+                     max_images: int | None = None, **options) -> Request:
+        """chat's arguments -> a validated Request. OptionError / PromptError (one line) for a bad option or a
+        malformed message (naming messages[i].content[j]); more than max_images images is a PromptError."""
+        if demand not in DEMANDS:
+            raise OptionError(f"demand must be one of {list(DEMANDS)}, got {demand!r}")
+        limit = self.manifest.defaults.get("max_images", DEFAULT_MAX_IMAGES) if max_images is None else max_images
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise OptionError(f"max_images must be an integer >= 0, got {limit!r}")
+        base = self.request(None, None, budget, method, tau, max_new_tokens, temperature, top_p, seed, ignore_eos,
+                            **options)
+        return dataclasses.replace(base, conversation=normalize(messages, limit), demand=demand)
+
     def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  seed: int | None = None, ignore_eos: bool = False, **options) -> GenerationResult:
@@ -268,8 +329,9 @@ class Pipeline:
     def request(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                 seed: int | None = None, ignore_eos: bool = False, **options) -> Request:
-        """generate's arguments -> a validated Request (the input of the stages below). OptionError (one
-        line) for a bad option; the image and the prompt are checked by native_sequence."""
+        """generate's arguments -> a validated Request (the input of the stages below): the conversation of one
+        user message [image, prompt]. OptionError (one line) for a bad option; the image and the prompt are
+        checked by native_sequence."""
         budget_n = parse_budget(budget)
         if budget_n is not None:
             _selector(method)  # an unknown method fails here, not halfway through the request
@@ -278,8 +340,14 @@ class Pipeline:
             raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling = SamplingConfig(temperature, top_p, seed)
         stop_ids = frozenset() if ignore_eos else frozenset(self.eos_ids)
-        return Request(image, prompt, budget_n, method, tau, max_new_tokens, sampling, stop_ids,
-                       self.resolve_options(options))
+        options = self.resolve_options(options)
+        conversation = None
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
+            conversation = normalize(one_turn(image, prompt))
+        return Request(image, prompt, budget_n, method, tau, max_new_tokens, sampling, stop_ids, options,
+                       conversation)
 
     def family_options(self) -> dict:
         """The family's request options and their values when a request names none: {name: default}."""
@@ -320,82 +388,155 @@ class Pipeline:
 
     # -- one request, stage by stage (runtime/stages.py holds what they pass on) --------------
     def native_sequence(self, request: Request) -> NativeSequence:
-        """Image -> family preprocessing -> vision -> image span -> layout (after the image: S is per request)
-        -> embeds [L,d] (text ids embedded, image rows in place) -> native positions [R,L].
-        Timings: preprocess (image, chat template, tokenization), vision, embed. PromptError / ImageError
-        (one line) on bad input."""
+        """Images -> family preprocessing -> vision (cached by feed hash) -> image spans -> conversation layout
+        (after the images: S_j is per request) -> embeds [L,d] (text ids embedded, each image's rows at its span)
+        -> native positions [R,L]. Timings: preprocess (images, chat template, tokenization), vision, embed.
+        PromptError / ImageError (one line) on bad input."""
         t = time.perf_counter()
-        if not isinstance(request.prompt, str) or not request.prompt.strip():
+        if request.prompt is not None and not request.prompt.strip():
             raise PromptError("prompt is empty")
-        vision = self._prepare(request.image, request.options)
-        times = {"preprocess": time.perf_counter() - t}
-        t = time.perf_counter()
-        span = self._image_span(self.vision(vision.feeds), vision, request.options)
-        times["vision"] = time.perf_counter() - t
+        conversation = request.conversation
+        cache = self.prefix_cache
+        visions = [self._prepare(image, request.options) for image in conversation.images]
+        hashes = [feeds_hash(v.feeds) if cache.enabled else b"" for v in visions]
+        times = {"preprocess": time.perf_counter() - t, "vision": 0.0}
+        spans = []
+        for vision, digest in zip(visions, hashes):
+            t = time.perf_counter()
+            outputs = cache.get_vision(digest) if cache.enabled else None
+            if outputs is None:
+                outputs = self.vision(vision.feeds)
+                cache.put_vision(digest, outputs)
+            spans.append(self._image_span(outputs, vision, request.options))
+            times["vision"] += time.perf_counter() - t
 
         t = time.perf_counter()
-        num_rows = len(span.rows)
-        layout = self.encoder.encode(request.prompt, num_rows)
+        layout = self.encoder.encode_conversation(conversation.messages, [len(span.rows) for span in spans])
         L = len(layout.input_ids)
         if L >= self.max_positions:
-            raise PromptError(f"prompt is {L} tokens including {num_rows} image tokens; the context allows "
+            rows = sum(len(span.rows) for span in spans)
+            raise PromptError(f"prompt is {L} tokens including {rows} image tokens; the context allows "
                               f"{self.max_positions - 1} before the first answer token")
-        positions = np.asarray(self.family_runtime.native_positions(layout, vision), dtype=np.int64)  # [R,L]
+        positions = np.asarray(self.family_runtime.native_positions(layout, visions), dtype=np.int64)  # [R,L]
         times["preprocess"] += time.perf_counter() - t
 
         t = time.perf_counter()
+        d = int(self.manifest.dims["hidden_size"])
         is_text = np.ones(L, dtype=bool)
         is_text[layout.visual_positions] = False
-        embeds = np.empty((L, span.rows.shape[1]), dtype=self.float_dtype)
+        embeds = np.empty((L, d), dtype=self.float_dtype)
         embeds[is_text] = self.embed(layout.input_ids[is_text])
-        embeds[layout.visual_positions] = span.rows
+        for span, where in zip(spans, layout.image_spans):
+            embeds[where] = span.rows
         times["embed"] = time.perf_counter() - t
-        return NativeSequence(vision, span, layout, embeds, positions, times)
+        return NativeSequence(visions, spans, layout, embeds, positions, times, hashes)
+
+    def _selection_key(self, request: Request, native: NativeSequence, j: int) -> bytes:
+        """The cache key of image j's selection with demand="turn": everything it reads (the native rows up to
+        its last instruction token or its own last row, the images among them, the selection options)."""
+        layout = native.layout
+        end = int(max(layout.image_spans[j].max(initial=-1), layout.instruction_turn[j].max(initial=-1))) + 1
+        h = hashlib.sha256()
+        h.update(np.ascontiguousarray(layout.input_ids[:end]).data)
+        h.update(np.ascontiguousarray(native.positions[:, :end]).data)
+        for k, span in enumerate(layout.image_spans):
+            if span.size and span[0] < end:
+                h.update(native.image_hashes[k])
+        h.update(np.ascontiguousarray(layout.instruction_turn[j]).data)
+        h.update(repr((j, request.method, request.budget, request.tau, request.seed, sorted(request.options.items()),
+                       self.selector_for(len(native.spans[j].candidates)))).encode())
+        return h.digest()
+
+    def _select_one(self, request: Request, feats: np.ndarray, relevance) -> np.ndarray:
+        """One image's selector: V [n,d], relevance float32 [n] or None (uniform) -> keep int64 [m] ascending."""
+        n = len(feats)
+        if request.method == "coverpruner" and relevance is not None and self.selector_for(n) == "onnx":
+            return self.select_onnx(feats, relevance, request.budget, request.tau)
+        if relevance is None and request.method in _USES_RELEVANCE:
+            relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
+        # selectors ignore options they do not use (tau: coverpruner, seed: random)
+        return np.asarray(_selector(request.method)(feats.astype(np.float32), relevance=relevance,
+                                                    budget=request.budget, tau=request.tau, seed=request.seed),
+                          dtype=np.int64)
 
     def select(self, request: Request, native: NativeSequence) -> Selection:
-        """Layer-0 demand from the probe (only for methods that read it) + the selector over V = rows[candidates]
-        -> keep [m] ascending, m = min(budget, n). Budget "full" keeps everything and runs neither.
-        Timings: probe, select (the stages that ran)."""
-        span, n, times = native.span, native.num_candidates, {}
+        """Per image: layer-0 demand from the probe (only for methods that read it; instruction tokens of its own
+        message or of the last user message, request.demand) + the selector over its own V = rows[candidates]
+        -> keep [m] ascending, m = min(budget, n_j). Budget "full" keeps everything and runs neither. Images
+        that share instruction tokens share one probe call. Timings: probe, select (the stages that ran)."""
+        spans, layout, times = native.spans, native.layout, {}
         if request.budget is None:
-            return Selection(np.arange(n, dtype=np.int64), None, np.arange(len(span.rows), dtype=np.int64), times)
+            return Selection([ImageSelection(np.arange(len(s.candidates), dtype=np.int64), None,
+                                             np.arange(len(s.rows), dtype=np.int64)) for s in spans], times)
         t = time.perf_counter()
-        relevance = None
+        cache = self.prefix_cache
+        keys = ([self._selection_key(request, native, j) for j in range(len(spans))]
+                if cache.enabled and request.demand == "turn" else [None] * len(spans))
+        found = [cache.get_selection(k) if k is not None else None for k in keys]
+        relevance = {}
         if request.method in _USES_RELEVANCE:
-            relevance = self.relevance(native.embeds, native.positions, native.candidate_positions,
-                                       native.layout.instruction_positions)
-            times["probe"], t = time.perf_counter() - t, time.perf_counter()
-        feats = span.features  # V [n,d]
-        if request.method == "coverpruner" and self.selector_for(n) == "onnx":
-            keep = self.select_onnx(feats, relevance, request.budget, request.tau)
-        else:
-            # selectors ignore options they do not use (tau: coverpruner, seed: random)
-            keep = np.asarray(_selector(request.method)(feats.astype(np.float32), relevance=relevance,
-                                                        budget=request.budget, tau=request.tau, seed=request.seed),
-                              dtype=np.int64)
-        # the kept candidates and the family's always-kept rows (e.g. LLaVA-NeXT's newlines with "keep")
-        kept_rows = np.union1d(span.candidates[keep], span.always_kept).astype(np.int64)
+            groups = {}
+            for j in range(len(spans)):
+                instr = layout.instruction(j, request.demand)
+                if found[j] is None and instr.size:
+                    groups.setdefault(instr.tobytes(), (instr, []))[1].append(j)
+            for instr, images in groups.values():  # the probe averages per column: one call serves them all
+                cols = [native.candidates_of(j) for j in images]
+                r = self.relevance(native.embeds, native.positions, np.concatenate(cols), instr)
+                for j, part in zip(images, np.split(r, np.cumsum([len(c) for c in cols])[:-1])):
+                    relevance[j] = part
+            if groups:
+                times["probe"], t = time.perf_counter() - t, time.perf_counter()
+        images = []
+        for j, span in enumerate(spans):
+            if found[j] is not None:
+                keep, rel = found[j]
+            else:
+                rel = relevance.get(j)
+                keep = self._select_one(request, span.features, rel)
+                if keys[j] is not None:
+                    cache.put_selection(keys[j], keep, rel)
+            # the kept candidates and the family's always-kept rows (e.g. LLaVA-NeXT's newlines with "keep")
+            images.append(ImageSelection(keep, rel, np.union1d(span.candidates[keep], span.always_kept)
+                                         .astype(np.int64)))
         times["select"] = time.perf_counter() - t
-        return Selection(keep, relevance, kept_rows, times)
+        return Selection(images, times)
+
+    def _identity(self, native: NativeSequence, selection: Selection, rows: np.ndarray,
+                  positions: np.ndarray) -> np.ndarray:
+        """int64 [L', 2+R]: the pruned rows' identities (runtime.prefix_cache.row_identity)."""
+        image_rows = {}
+        for span, digest, sel in zip(native.layout.image_spans, native.image_hashes, selection.images):
+            h = hash63(digest)
+            for r in sel.kept_rows.tolist():
+                image_rows[int(span[r])] = (h, r)
+        return row_identity(native.layout.input_ids, rows, positions, image_rows)
 
     def prefill(self, request: Request, native: NativeSequence, selection: Selection) -> Prefill:
-        """Pruned sequence (all text tokens + the kept image rows, native order) [L',d] at the family's pruned
-        positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate) -> first logits.
+        """Pruned sequence (all text tokens + every image's kept rows, native order) [L',d] at the family's pruned
+        positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate; the longest prefix
+        an earlier request left in the prefix cache restored, at most L' - 1 rows) -> first logits.
         Timing: prefill (the caller adds choosing the first token)."""
         t = time.perf_counter()
         rows, positions, state = self.pruned_sequence(request, native, selection)
         self.decoder.reset(len(rows) + state.max_tokens)
-        logits = self.decoder.forward(native.embeds[rows][None],
-                                      position_ids_input(positions, self.family_runtime.position_rank))
-        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t})
+        cached, identity = 0, None
+        if self.prefix_cache.enabled:
+            identity = self._identity(native, selection, rows, positions)
+            cached, snapshot = self.prefix_cache.lookup(identity)
+            if snapshot is not None:
+                self.decoder.restore(snapshot)
+        logits = self.decoder.forward(native.embeds[rows[cached:]][None],
+                                      position_ids_input(positions[:, cached:], self.family_runtime.position_rank))
+        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t}, cached, identity)
 
     def pruned_sequence(self, request: Request, native: NativeSequence,
                         selection: Selection) -> tuple[np.ndarray, np.ndarray, DecodeState]:
         """The rows the decoder sees, int64 [L'] ascending native indices, their positions int64 [R,L'] and the
         DecodeState (how many tokens fit before the context ends). Shared by prefill and batched decoding."""
         fam = self.family_runtime
-        rows = np.sort(np.concatenate([np.flatnonzero(native.is_text),
-                                       native.layout.visual_positions[selection.kept_rows]]))
+        kept = [where[sel.kept_rows] for where, sel in zip(native.layout.image_spans, selection.images)]
+        rows = np.sort(np.concatenate([np.flatnonzero(native.is_text), *kept])).astype(np.int64)
         positions = np.asarray(fam.pruned_positions(native.positions, rows), dtype=np.int64)  # [R,L']
         first = int(np.max(fam.decode_position(native.positions, positions, 0)))
         steps = min(request.max_new_tokens, self.max_positions - first)
@@ -412,6 +553,20 @@ class Pipeline:
         logits = self.decoder.forward(emb[None], position_ids_input(pos, fam.position_rank))
         state.step += 1
         return logits
+
+    def _remember(self, prefill: Prefill, tokens: list[int]) -> None:
+        """Put the decoder's cache (the pruned prompt + the answer tokens fed back) into the prefix cache."""
+        fam = self.family_runtime
+        fed = tokens[:-1]  # the last token was sampled, never fed
+        state = prefill.state
+        extra = np.empty((len(fed), prefill.identity.shape[1]), dtype=np.int64)
+        extra[:, 0] = TEXT_ROW
+        extra[:, 1] = fed
+        for step in range(len(fed)):
+            extra[step, 2:] = np.asarray(fam.decode_position(state.native, state.pruned, step), dtype=np.int64)
+        identity = np.concatenate([prefill.identity, extra])
+        if self.decoder.length == len(identity):
+            self.prefix_cache.insert(identity, self.decoder.snapshot())
 
     def _generate(self, request: Request):
         """native_sequence -> select -> prefill -> decode until a stop id or the limit; yields text pieces and
@@ -446,9 +601,21 @@ class Pipeline:
         if piece:
             yield piece
         times["decode"] = time.perf_counter() - t
+        if prefill.identity is not None:
+            self._remember(prefill, tokens)
         times["total"] = time.perf_counter() - t_start
+        return self.result(request, native, selection, stream.emitted, tokens, times, prefill.length, finish,
+                           prefill.cached)
+
+    @staticmethod
+    def result(request: Request, native: NativeSequence, selection: Selection, text: str, tokens: list[int],
+               times: dict, prefill_tokens: int, finish: str, cached: int = 0) -> GenerationResult:
+        """The GenerationResult of a finished request (shared by generate/stream and batched decoding)."""
+        images = [ImageResult(len(span.candidates), sel.keep, sel.relevance, vision.panels)
+                  for span, sel, vision in zip(native.spans, selection.images, native.visions)]
         return GenerationResult(
-            text=stream.emitted, token_ids=tokens, kept_indices=selection.keep, relevance=selection.relevance,
+            text=text, token_ids=tokens, kept_indices=selection.keep, relevance=selection.relevance,
             timings=times, num_visual_tokens=native.num_candidates, prompt_tokens=native.length,
-            prefill_tokens=prefill.length, budget=request.budget, method=request.method, finish_reason=finish,
-            panels=native.vision.panels, options=request.options)
+            prefill_tokens=prefill_tokens, budget=request.budget, method=request.method, finish_reason=finish,
+            panels=native.vision.panels if native.visions else (), options=request.options, images=images,
+            cached_tokens=cached, demand=request.demand)

@@ -12,6 +12,22 @@ TIMING_KEYS = ("preprocess", "vision", "embed", "probe", "select", "prefill", "d
 
 
 @dataclass
+class ImageResult:
+    """One image of a request: n candidates, kept_indices int64 [m] ascending, relevance float32 [n] or None,
+    and its picture panels (runtime.visualize)."""
+
+    num_visual_tokens: int
+    kept_indices: np.ndarray
+    relevance: np.ndarray | None
+    panels: tuple = ()
+
+    def to_dict(self) -> dict:
+        return {"num_visual_tokens": int(self.num_visual_tokens),
+                "kept_indices": [int(i) for i in self.kept_indices],
+                "relevance": None if self.relevance is None else [float(x) for x in self.relevance]}
+
+
+@dataclass
 class GenerationResult:
     """One answer.
 
@@ -22,6 +38,9 @@ class GenerationResult:
     num_visual_tokens: n, the candidates of this image (per request for families with dynamic resolution).
     panels: the family's geometry of the candidates over the original image (runtime.visualize draws it).
     options: the family's request options as they were applied (e.g. {"newline_policy": "drop"}).
+    images: per image of the request, in order, its ImageResult (kept_indices, relevance, num_visual_tokens and
+    panels above are image 0's; empty / None / 0 for a text-only request). cached_tokens: pruned-prefix rows
+    restored from the prefix cache. demand: "turn" or "latest".
     """
 
     text: str
@@ -37,6 +56,9 @@ class GenerationResult:
     finish_reason: str  # "eos", "length" (max_new_tokens) or "context" (context window full)
     panels: tuple = ()
     options: dict = field(default_factory=dict)
+    images: list = field(default_factory=list)
+    cached_tokens: int = 0
+    demand: str = "turn"
     timings_ms: dict = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -63,6 +85,9 @@ class GenerationResult:
             "method": self.method,
             "finish_reason": self.finish_reason,
             "options": dict(self.options),
+            "images": [i.to_dict() for i in self.images],
+            "cached_tokens": self.cached_tokens,
+            "demand": self.demand,
             "timings": {k: float(v) for k, v in self.timings.items()},
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.families.contract import ImageSpan, NativeLayout, VisionInputs
+from coverpruner.families.contract import ConversationLayout, ImageSpan, VisionInputs
 from coverpruner.runtime.sampling import SamplingConfig
 
 
@@ -22,7 +22,10 @@ from coverpruner.runtime.sampling import SamplingConfig
 class Request:
     """One validated request (Pipeline.request builds it; options are checked before any work).
 
-    image: path, PIL image or uint8 array [H,W,3]. budget: kept visual tokens, None = "full" (no pruning).
+    image: path, PIL image or uint8 array [H,W,3]; prompt: the question (generate's arguments; None for a chat).
+    conversation: the normalised messages and their images (runtime.messages.Conversation): every request is one.
+    budget: kept visual tokens per image, None = "full" (no pruning). demand: "turn" (an image's demand comes from
+    its own message) or "latest" (from the last user message).
     method: a coverpruner.selection name. tau: coverage threshold. stop_ids: token ids that end the answer
     (empty with ignore_eos). options: the family's request options, resolved (e.g. {"newline_policy": "drop"}).
     """
@@ -36,6 +39,8 @@ class Request:
     sampling: SamplingConfig = SamplingConfig()
     stop_ids: frozenset = frozenset()
     options: dict = field(default_factory=dict)
+    conversation: object = None
+    demand: str = "turn"
 
     @property
     def seed(self) -> int | None:
@@ -45,20 +50,32 @@ class Request:
 
 @dataclass
 class NativeSequence:
-    """The full (unpruned) sequence, as the model itself would see it.
+    """The full (unpruned) sequence of a conversation with k images (k >= 0), as the model itself would see it.
 
-    vision: the family's vision inputs (n, picture panels). span: the image span (rows float [S,d],
-    candidates int64 [n] into the rows, always_kept int64 [k]). layout: input_ids int64 [L], visual_positions
-    int64 [S], instruction_positions int64 [T]. embeds: float [L,d] (graph float dtype): text embeddings with
-    the image rows at visual_positions. positions: int64 [R,L], the family's native positions.
+    visions: per image, the family's vision inputs (n_j, picture panels). spans: per image, its span (rows float
+    [S_j,d], candidates int64 [n_j] into the rows, always_kept). layout: the ConversationLayout (input_ids int64
+    [L], image_spans int64 [S_j] per image, instruction tokens per image and of the last user message).
+    embeds: float [L,d] (graph float dtype): text embeddings with each image's rows at its span.
+    positions: int64 [R,L], the family's native positions. image_hashes: per image, the digest of its vision
+    feeds (runtime.prefix_cache.feeds_hash). ``vision``, ``span``, ``num_candidates`` and
+    ``candidate_positions`` are image 0's (the one image of a generate request).
     """
 
-    vision: VisionInputs
-    span: ImageSpan
-    layout: NativeLayout
+    visions: list
+    spans: list
+    layout: ConversationLayout
     embeds: np.ndarray
     positions: np.ndarray
     timings: dict = field(default_factory=dict)
+    image_hashes: list = field(default_factory=list)
+
+    @property
+    def vision(self) -> VisionInputs:
+        return self.visions[0]
+
+    @property
+    def span(self) -> ImageSpan:
+        return self.spans[0]
 
     @property
     def length(self) -> int:
@@ -67,8 +84,8 @@ class NativeSequence:
 
     @property
     def num_candidates(self) -> int:
-        """n, the image's selectable rows."""
-        return len(self.span.candidates)
+        """n, image 0's selectable rows (0 without images)."""
+        return len(self.spans[0].candidates) if self.spans else 0
 
     @property
     def is_text(self) -> np.ndarray:
@@ -79,23 +96,47 @@ class NativeSequence:
 
     @property
     def candidate_positions(self) -> np.ndarray:
-        """int64 [n]: the candidates' sequence indices (the probe's visual columns)."""
-        return self.layout.visual_positions[self.span.candidates]
+        """int64 [n]: image 0's candidates' sequence indices (the probe's visual columns)."""
+        return self.candidates_of(0)
+
+    def candidates_of(self, j: int) -> np.ndarray:
+        """int64 [n_j]: image j's candidates' sequence indices."""
+        return self.layout.image_spans[j][self.spans[j].candidates]
 
 
 @dataclass
-class Selection:
-    """Which image rows the decoder sees.
+class ImageSelection:
+    """Which rows of one image the decoder sees.
 
     keep: int64 [m] candidate indices kept, ascending (all n for budget "full"). relevance: float32 [n] layer-0
-    demand, or None when the method did not need it. kept_rows: int64 [k] image-span rows kept, ascending
-    (candidates[keep] plus the family's always-kept rows; all S for budget "full").
+    demand, or None when the method did not need it (or the image's message has no text: uniform weights).
+    kept_rows: int64 [k] image-span rows kept, ascending (candidates[keep] plus the family's always-kept rows;
+    all S for budget "full").
     """
 
     keep: np.ndarray
     relevance: np.ndarray | None
     kept_rows: np.ndarray
+
+
+@dataclass
+class Selection:
+    """Per image (in order) its ImageSelection; ``keep`` / ``relevance`` / ``kept_rows`` are image 0's."""
+
+    images: list
     timings: dict = field(default_factory=dict)
+
+    @property
+    def keep(self) -> np.ndarray:
+        return self.images[0].keep if self.images else np.zeros(0, np.int64)
+
+    @property
+    def relevance(self) -> np.ndarray | None:
+        return self.images[0].relevance if self.images else None
+
+    @property
+    def kept_rows(self) -> np.ndarray:
+        return self.images[0].kept_rows if self.images else np.zeros(0, np.int64)
 
 
 @dataclass
@@ -128,6 +169,8 @@ class Prefill:
     logits: np.ndarray
     state: DecodeState
     timings: dict = field(default_factory=dict)
+    cached: int = 0  # rows restored from the prefix cache instead of prefilled
+    identity: np.ndarray | None = None  # int64 [L', C]: the rows' identities (runtime.prefix_cache.row_identity)
 
     @property
     def length(self) -> int:

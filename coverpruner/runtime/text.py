@@ -58,6 +58,16 @@ class PromptEncoder:
         except Exception as exc:  # jinja2 errors from a broken template in the manifest
             raise ManifestError(f"manifest chat_template failed to render: {exc}") from None
 
+    def encode_conversation(self, messages: list[dict], rows_per_image: list[int]):
+        """Lay out normalised messages (runtime.messages) with the j-th image placeholder expanded to
+        ``rows_per_image[j]`` tokens -> the family's ConversationLayout."""
+        try:
+            return self.family.conversation_layout(self.tokenizer, messages, [int(r) for r in rows_per_image])
+        except ValueError as exc:
+            raise PromptError(str(exc).splitlines()[0]) from None
+        except Exception as exc:  # jinja2 errors from a broken template in the manifest
+            raise ManifestError(f"manifest chat_template failed to render: {exc}") from None
+
     def decode(self, ids) -> str:
         """Token ids -> text, skipping special tokens."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)

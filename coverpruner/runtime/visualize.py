@@ -87,6 +87,38 @@ def draw_selection(image, kept_indices, panels, min_side: int = 448, dim: float 
     return out
 
 
+def draw_conversation(images, results, min_side: int = 448, dim: float = 0.25) -> Image.Image:
+    """One picture for a conversation: per image (in order) its draw_selection, side by side, each titled
+    "image j". images: the request's images (path, PIL or uint8 array); results: GenerationResult.images."""
+    if not results:
+        raise ValueError("the request has no image; nothing to draw")
+    views = []
+    for j, (image, res) in enumerate(zip(images, results)):
+        view = draw_selection(image, res.kept_indices, res.panels, min_side, dim)
+        titled = Image.new("RGB", (view.width, view.height + _CAPTION_H), (255, 255, 255))
+        titled.paste(view, (0, _CAPTION_H))
+        ImageDraw.Draw(titled).text((4, 2), f"image {j}", fill=(0, 0, 0))
+        views.append(titled)
+    gap = 16
+    out = Image.new("RGB", (sum(v.width for v in views) + gap * (len(views) - 1), max(v.height for v in views)),
+                    (255, 255, 255))
+    x = 0
+    for v in views:
+        out.paste(v, (x, 0))
+        x += v.width + gap
+    return out
+
+
+def save_conversation(path, images, results) -> Path:
+    """Write draw_conversation(...) as a PNG at ``path`` (temp file + rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    draw_conversation(images, results).save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
 def save_selection(path, image, kept_indices, panels) -> Path:
     """Write draw_selection(...) as a PNG at ``path``; returns the path."""
     path = Path(path)

@@ -64,6 +64,8 @@ class ServerConfig:
     #: KV tokens per request in a batch (None: min(the model's max positions, 4096)); the batch's cache is
     #: num_layers x 2 x [max_batch, H_kv, batch_context, head_dim] float32 per worker
     batch_context: int | None = None
+    max_images: int | None = None  # most images per request (None: the manifest's defaults.max_images, else 8)
+    prefix_cache_mb: float = 256  # per pipeline: pruned-prefix KV, vision outputs, selections (0: off)
 
     @property
     def served_name(self) -> str:
@@ -95,7 +97,8 @@ class ServerState:
         self.config = config
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
-                                        selector=config.selector) for _ in range(config.workers)]
+                                        selector=config.selector, prefix_cache_mb=config.prefix_cache_mb)
+                          for _ in range(config.workers)]
         self.defaults = dict(self.pipelines[0].manifest.defaults)
         self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
         self.model_name = config.served_name
@@ -165,11 +168,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             raise _unknown_model(req.model, state)
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options)
-        try:  # Pipeline.stream checks every option at the call, before any work (the generator is not started)
-            state.pipelines[0].stream(gen.image, gen.prompt, **gen.options)
+        if config.max_images is not None:
+            gen.options["max_images"] = config.max_images
+        try:  # chat_request checks every option and message before any work
+            state.pipelines[0].chat_request(gen.messages, **gen.options)
         except CoverPrunerError as exc:
             raise _api_error_from(exc, gen) from None
-        job = Job(gen.image, gen.prompt, gen.options, asyncio.get_running_loop())
+        job = Job(None, None, gen.options, asyncio.get_running_loop(), messages=gen.messages)
         try:
             state.pool.submit(job)
         except QueueFull as exc:
@@ -241,7 +246,8 @@ def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
     if isinstance(exc, OptionError):
         return bad_request(msg, option_param(msg, gen.options))
     if isinstance(exc, PromptError):
-        code = "context_length_exceeded" if "context" in msg else "invalid_prompt"
+        code = ("context_length_exceeded" if "context" in msg else "too_many_images" if "max_images" in msg
+                else "invalid_prompt")
         return bad_request(msg, "messages", code)
     if isinstance(exc, ImageError):
         return bad_request(msg, gen.image_param, "invalid_image")
@@ -275,13 +281,16 @@ async def _watch_disconnect(job: Job, request: Request) -> None:
 def _usage(result) -> Usage:
     done = len(result.token_ids)
     return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=done,
-                 total_tokens=result.prompt_tokens + done, prefill_tokens=result.prefill_tokens)
+                 total_tokens=result.prompt_tokens + done, prefill_tokens=result.prefill_tokens,
+                 prompt_tokens_details={"cached_tokens": int(result.cached_tokens)})
 
 
 def _coverpruner(result) -> dict:
     return {"kept_indices": [int(i) for i in result.kept_indices], "n": int(result.num_visual_tokens),
             "kept_tokens": int(len(result.kept_indices)), "budget": result.budget, "method": result.method,
-            "finish_reason": result.finish_reason,
+            "finish_reason": result.finish_reason, "cached_tokens": int(result.cached_tokens),
+            "images": [{"kept_indices": [int(i) for i in img.kept_indices],
+                        "num_visual_tokens": int(img.num_visual_tokens)} for img in result.images],
             "timings_ms": {k: round(float(v), 3) for k, v in result.timings_ms.items()}}
 
 

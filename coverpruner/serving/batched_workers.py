@@ -74,7 +74,9 @@ class BatchedWorkerPool:
                     self._end(job, "cancelled", counted=False)
                     continue
                 try:
-                    request = batch.pipe.request(job.image, job.prompt, **job.options)
+                    pipe = batch.pipe  # a conversation (the server's requests) or image + prompt
+                    request = (pipe.chat_request(job.messages, **job.options) if job.messages is not None
+                               else pipe.request(job.image, job.prompt, **job.options))
                 except CoverPrunerError as exc:
                     self._end(job, "error", exc, counted=False)
                     continue

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="requests that may wait for a worker; more get 503 at once (default 16)")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
     eng.add_argument("--threads", type=int, default=None, help="intra-op threads per pipeline (default cores/workers)")
+    eng.add_argument("--max-images", type=int, default=None,
+                     help="most images per request (default: the engine dir's, 8); more is a 400 too_many_images")
+    eng.add_argument("--prefix-cache-mb", type=float, default=256,
+                     help="MiB per pipeline for reusing pruned prefixes across turns (default 256; 0 turns it off)")
     eng.add_argument("--selector", choices=("auto", "onnx", "numpy"), default="auto",
                      help="how the coverpruner method runs (see coverpruner-run --help)")
     ray = p.add_argument_group("ray serve (extra serve-ray)")
@@ -96,6 +100,10 @@ def check_args(args) -> None:
         raise UsageError("--replicas and --ray-address need --ray")
     if args.replicas is not None and args.replicas < 1:
         raise UsageError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.max_images is not None and args.max_images < 0:
+        raise UsageError(f"--max-images must be >= 0, got {args.max_images}")
+    if args.prefix_cache_mb < 0:
+        raise UsageError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
     if args.ray_cpus_per_replica < 0:
         raise UsageError(f"--ray-cpus-per-replica must be >= 0, got {args.ray_cpus_per_replica}")
 
@@ -107,7 +115,8 @@ def _config(args):
                         max_queue=args.max_queue, model_name=args.model_name,
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
                         selector=args.selector, budget=args.budget, method=args.method, max_batch=args.max_batch,
-                        batch_context=args.batch_context)
+                        batch_context=args.batch_context, max_images=args.max_images,
+                        prefix_cache_mb=args.prefix_cache_mb)
 
 
 def _require(module: str, extra: str) -> None:

@@ -34,7 +34,8 @@ class ServerMetrics:
         for stage, seconds in result.timings.items():
             self.stage_seconds.labels(stage).observe(float(seconds))
         self.completion_tokens.inc(len(result.token_ids))
-        self.kept_ratio.observe(len(result.kept_indices) / max(result.num_visual_tokens, 1))
+        for image in getattr(result, "images", None) or []:  # per image; none for a text-only request
+            self.kept_ratio.observe(len(image.kept_indices) / max(image.num_visual_tokens, 1))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

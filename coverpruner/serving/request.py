@@ -1,7 +1,9 @@
-"""From a validated ChatCompletionRequest to what ``Pipeline.stream`` takes: image, prompt, options.
+"""From a validated ChatCompletionRequest to what ``Pipeline.chat_stream`` takes: messages, options.
 
-The pipeline answers one user turn about one image, so a request must hold exactly one user message
-whose content has one ``image_url`` part and text parts (joined with newlines, in order). Pruning and
+A request is a conversation (system, user and assistant messages, any number of images up to the server's
+max images, text-only turns). The image_url parts are decoded here (the server's rules for data: URLs, local
+files and remote URLs, each refusal naming its field) and handed on as {"type": "image", "image": PIL image}
+parts; everything else about the messages is checked by Pipeline.chat_request (runtime/messages.py). Pruning and
 family options come as extra body fields; which ones exist is read from ``Pipeline.stream``'s
 signature, so options that later families add (``newline_policy``, ``image_size``, ...) pass through
 without changes here, and any other extra field is refused by name.
@@ -20,7 +22,9 @@ from coverpruner.serving.images import load_image_url
 from coverpruner.serving.schema import ChatCompletionRequest
 
 #: Pipeline.stream arguments the OpenAI fields fill (not accepted as extra body fields).
-_MAPPED = {"self", "image", "prompt", "max_new_tokens", "temperature", "top_p", "seed"}
+_MAPPED = {"self", "image", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "max_images"}
+#: OpenAI roles the pipeline takes ("developer" is OpenAI's newer name for a system message)
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DEFAULT_MAX_TOKENS = 128
 
 
@@ -32,6 +36,10 @@ def pipeline_options(pipeline=None) -> dict:
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     options = {name: p.default for name, p in params[1].items()
                if name not in _MAPPED and p.kind in kinds and name in params[0]}
+    chat = getattr(Pipeline, "chat_stream", None)
+    if chat is not None:  # conversation options (demand)
+        options.update({name: p.default for name, p in inspect.signature(chat).parameters.items()
+                        if name not in _MAPPED and p.kind in kinds})
     family_options = getattr(pipeline, "family_options", None)
     if callable(family_options):
         options.update(family_options())
@@ -40,15 +48,14 @@ def pipeline_options(pipeline=None) -> dict:
 
 @dataclass
 class GenerationRequest:
-    """One request ready for a worker: image (PIL), prompt text, Pipeline.stream keyword options."""
+    """One request ready for a worker: messages (images decoded to PIL), Pipeline.chat_stream keyword options."""
 
-    image: object
-    prompt: str
+    messages: list
     options: dict
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    image_param: str = "messages[0].content"  # field path of the image URL, for errors about the image
+    image_param: str = "messages"  # field path for errors about an image
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
@@ -58,55 +65,51 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
     defaults: the engine manifest's defaults (``budget``, ``method``) used when the body has none.
     allowed: the extra fields accepted (default ``pipeline_options()`` without a loaded pipeline).
     """
-    prompt, image_url, image_param = _one_turn(req)
-    image = load_image_url(image_url, image_param, allow_local_files, allow_remote_images)
+    messages = _conversation(req, allow_local_files, allow_remote_images)
     options = _options(req, defaults, pipeline_options() if allowed is None else allowed)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
-    return GenerationRequest(image, prompt, options, stop, req.stream,
-                             bool(req.stream_options and req.stream_options.include_usage), image_param)
+    return GenerationRequest(messages, options, stop, req.stream,
+                             bool(req.stream_options and req.stream_options.include_usage))
 
 
-def _one_turn(req: ChatCompletionRequest) -> tuple[str, str, str]:
-    """-> (prompt text, image URL, the image URL's field path)."""
-    if len(req.messages) != 1 or req.messages[0].role != "user":
-        roles = [m.role for m in req.messages]
-        raise bad_request(f"the model answers one user message about one image; got roles {roles}", "messages",
-                          "unsupported_conversation")
-    content = req.messages[0].content
-    if isinstance(content, str) or not content:
-        raise bad_request("the user message has no image; add an image_url content part", "messages[0].content",
-                          "missing_image")
-    texts, images = [], []
-    for i, part in enumerate(content):
-        param = f"messages[0].content[{i}]"
-        kind = part.get("type")
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "image_url":
-            url = part.get("image_url")
-            url = url.get("url") if isinstance(url, dict) else url
-            if not isinstance(url, str):
-                raise bad_request("image_url part needs image_url.url (a string)", f"{param}.image_url.url",
-                                  "invalid_image_url")
-            images.append((f"{param}.image_url.url", url))
-        elif kind == "text":
-            raise bad_request("text part needs a string field 'text'", f"{param}.text")
-        else:
-            raise bad_request(f"content part type {kind!r} is not supported; expected 'text' or 'image_url'",
-                              f"{param}.type")
-    if not images:
-        raise bad_request("the user message has no image; add an image_url content part", "messages[0].content",
-                          "missing_image")
-    if len(images) > 1:
-        raise bad_request(f"the user message has {len(images)} images; this server answers about exactly one",
-                          images[1][0], "too_many_images")
-    prompt = "\n".join(t for t in texts if t.strip())
-    if not prompt:
-        raise bad_request("the user message has no text; add a text content part with the question",
-                          "messages[0].content", "missing_text")
-    return prompt, images[0][1], images[0][0]
+def _conversation(req: ChatCompletionRequest, allow_local_files: bool, allow_remote_images: bool) -> list[dict]:
+    """The messages with every image_url part decoded to {"type": "image", "image": PIL image}."""
+    out = []
+    for i, msg in enumerate(req.messages):
+        role = _ROLES.get(msg.role)
+        if role is None:
+            raise bad_request(f"messages[{i}].role {msg.role!r} is not supported; expected one of "
+                              f"{sorted(_ROLES)}", f"messages[{i}].role", "unsupported_role")
+        content = msg.content if msg.content is not None else ""
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        parts = []
+        for j, part in enumerate(content):
+            param = f"messages[{i}].content[{j}]"
+            kind = part.get("type")
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind == "image_url":
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                if not isinstance(url, str):
+                    raise bad_request("image_url part needs image_url.url (a string)", f"{param}.image_url.url",
+                                      "invalid_image_url")
+                if role != "user":
+                    raise bad_request(f"images belong in user messages, not {msg.role!r} ones", param,
+                                      "invalid_image_url")
+                image = load_image_url(url, f"{param}.image_url.url", allow_local_files, allow_remote_images)
+                parts.append({"type": "image", "image": image})
+            elif kind == "text":
+                raise bad_request("text part needs a string field 'text'", f"{param}.text")
+            else:
+                raise bad_request(f"content part type {kind!r} is not supported; expected 'text' or 'image_url'",
+                                  f"{param}.type")
+        out.append({"role": role, "content": parts})
+    return out
 
 
 def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:

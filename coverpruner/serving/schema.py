@@ -55,6 +55,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prefill_tokens: int  # sequence length the decoder saw after pruning
+    prompt_tokens_details: dict | None = None  # {"cached_tokens": pruned-prefix rows reused from the prefix cache}
 
 
 class AssistantMessage(BaseModel):

@@ -30,8 +30,9 @@ class Job:
     """One admitted request. Events on ``events``: ("piece", str), ("done", GenerationResult),
     ("error", exception) or ("cancelled", None) — the last one always ends the job."""
 
-    def __init__(self, image, prompt: str, options: dict, loop: asyncio.AbstractEventLoop):
-        self.image, self.prompt, self.options = image, prompt, options
+    def __init__(self, image, prompt: str | None, options: dict, loop: asyncio.AbstractEventLoop, messages=None):
+        # messages: a conversation for Pipeline.chat_stream; else image + prompt for Pipeline.stream
+        self.image, self.prompt, self.options, self.messages = image, prompt, options, messages
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
@@ -89,7 +90,8 @@ class WorkerPool:
         try:
             if job.cancelled:  # gave up while queued
                 return
-            stream = pipe.stream(job.image, job.prompt, **job.options)
+            stream = (pipe.chat_stream(job.messages, **job.options) if job.messages is not None
+                      else pipe.stream(job.image, job.prompt, **job.options))
             pieces = iter(stream)
             for piece in pieces:
                 if job.cancelled:

@@ -29,11 +29,12 @@ CASES = {
                    "messages[0].content[0].image_url.url", "invalid_base64"),
     "not an image": (dict(messages=_msg(_img(data_url(b"plain text, not pixels")), TEXT)), 400,
                      "messages[0].content[0].image_url.url", "invalid_image"),
-    "no image part": (dict(messages=_msg(TEXT)), 400, "messages[0].content", "missing_image"),
-    "text-only content": (dict(messages=[{"role": "user", "content": PROMPT}]), 400, "messages[0].content",
-                          "missing_image"),
-    "two images": (dict(messages=_msg(_img("PNG"), _img("PNG"), TEXT)), 400, "messages[0].content[1].image_url.url",
-                   "too_many_images"),
+    # issue 19: text-only requests, several images and system turns are answered; above max images (8 by default)
+    "nine images": (dict(messages=_msg(*[_img("PNG")] * 9, TEXT)), 400, "messages", "too_many_images"),
+    "image in an assistant turn": (dict(messages=_msg(TEXT) + [{"role": "assistant", "content": [_img("PNG")]}]
+                                        + _msg(TEXT)), 400, "messages[1].content[0]", "invalid_image_url"),
+    "last turn not the user's": (dict(messages=_msg(TEXT) + [{"role": "assistant", "content": "yes"}]), 400,
+                                 "messages", "invalid_prompt"),
     "budget 0": (dict(messages=_msg(_img("PNG"), TEXT), extra_body={"budget": 0}), 400, "budget", "invalid_value"),
     "budget not a number": (dict(messages=_msg(_img("PNG"), TEXT), extra_body={"budget": "lots"}), 400, "budget",
                             "invalid_value"),
@@ -52,8 +53,8 @@ CASES = {
                          "messages[0].content[0].image_url.url", "local_files_disabled"),
     "negative temperature": (dict(messages=_msg(_img("PNG"), TEXT), temperature=-1), 400, "temperature",
                              "invalid_value"),
-    "system turn": (dict(messages=[{"role": "system", "content": "be brief"}] + _msg(_img("PNG"), TEXT)), 400,
-                    "messages", "unsupported_conversation"),
+    "tool turn": (dict(messages=[{"role": "tool", "content": "42"}] + _msg(_img("PNG"), TEXT)),
+                  400, "messages[0].role", "unsupported_role"),
     "n=2": (dict(messages=_msg(_img("PNG"), TEXT), n=2), 400, "n", "invalid_value"),
 }
 

@@ -69,9 +69,11 @@ def test_current_pipeline_options_and_manifest_defaults(demo_png):
     assert gen.options["budget"] == "full" and gen.options["seed"] == 3 and gen.options["temperature"] == 0.5
 
 
-def test_text_parts_join_in_order_around_the_image(demo_png):
+def test_parts_stay_in_order_with_the_image_decoded(demo_png):
     msgs = [{"role": "user", "content": [{"type": "text", "text": "first"},
                                          {"type": "image_url", "image_url": data_url(demo_png)},
                                          {"type": "text", "text": "second"}]}]
     gen = request_mod.build_request(ChatCompletionRequest(model="m", messages=msgs), {}, False, False)
-    assert gen.prompt == "first\nsecond" and gen.image.size == (480, 360)
+    parts = gen.messages[0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image", "text"]
+    assert (parts[0]["text"], parts[2]["text"]) == ("first", "second") and parts[1]["image"].size == (480, 360)

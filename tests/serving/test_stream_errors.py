@@ -28,8 +28,8 @@ def test_error_mid_stream_is_an_error_event_then_done(tiny_export, demo_png):
     app = create_app(ServerConfig(str(tiny_export), threads=1, model_name="tiny"))
     with serve_app(app) as url:
         pipe = app.state.server.pipelines[0]  # the one worker's pipeline
-        real = pipe.stream
-        pipe.stream = lambda *a, **k: _FailingStream(real(*a, **k))  # noqa: E731  (only the worker's pipeline)
+        real = pipe.chat_stream  # what the worker runs for every request (a conversation)
+        pipe.chat_stream = lambda *a, **k: _FailingStream(real(*a, **k))  # noqa: E731  (only the worker's pipeline)
         body = json.dumps({"model": "tiny", "messages": user_message(data_url(demo_png)), "max_tokens": 12,
                            "budget": 16, "stream": True}).encode()
         req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
@@ -37,7 +37,7 @@ def test_error_mid_stream_is_an_error_event_then_done(tiny_export, demo_png):
         with urllib.request.urlopen(req) as resp:
             assert resp.status == 200
             events = [line[len("data: "):] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
-        pipe.stream = real
+        pipe.chat_stream = real
         assert events[-1] == "[DONE]"
         err = json.loads(events[-2])["error"]
         assert err["code"] == "internal_error" and "decoder session failed" in err["message"]

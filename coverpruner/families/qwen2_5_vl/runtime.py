@@ -20,6 +20,7 @@ class QwenRuntime(HFRuntime):
 
     position_rank = 3
     image_token = IMAGE_TOKEN
+    reserved_strings = ("<|vision_start|>", "<|vision_end|>")
 
     def __init__(self, manifest):
         super().__init__(manifest)
@@ -58,9 +59,12 @@ class QwenRuntime(HFRuntime):
             raise ValueError("the prompt must not contain the image markers '<|vision_start|>' / '<|vision_end|>'")
         return super().layout(tokenizer, prompt, num_image_rows)
 
-    def native_positions(self, layout: NativeLayout, vision: VisionInputs) -> np.ndarray:
-        """int64 [3, L]: HF get_rope_index's positions for the full native sequence."""
-        return native_positions(layout.input_ids, self.image_token_id, [vision.facts["grid_thw"]], self.merge)
+    def native_positions(self, layout, visions) -> np.ndarray:
+        """int64 [3, L]: HF get_rope_index's positions for the full native sequence (visions: the images in
+        order, or one VisionInputs)."""
+        visions = [visions] if isinstance(visions, VisionInputs) else list(visions)
+        return native_positions(layout.input_ids, self.image_token_id, [v.facts["grid_thw"] for v in visions],
+                                self.merge)
 
     def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """int64 [3, L']: kept rows keep their native positions (no re-packing)."""

@@ -1,0 +1,117 @@
+"""OpenAI-format chat messages -> the family layout's messages and the images in order.
+
+What Pipeline.chat takes (docs/conversations.md): a list of {"role": "system" | "user" | "assistant",
+"content": str | [part, ...]} with parts {"type": "text", "text": str}, {"type": "image_url", "image_url":
+{"url": data: URL | local path | file:// URL}} (or the URL string itself) and {"type": "image", "image": path |
+PIL image | uint8 array}. What the families' chat templates take: every content a list of {"type": "text"} /
+{"type": "image"} parts. transformers normalises the same way before rendering (a string is one text part,
+an image_url part an image part); llava-hf's template renders nothing for a bare string.
+
+Every problem is one PromptError / ImageError line naming ``messages[i]`` or ``messages[i].content[j]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+
+from coverpruner.runtime.errors import ImageError, PromptError
+
+ROLES = ("system", "user", "assistant")
+#: images per request when neither the request nor the manifest says (manifest defaults.max_images)
+DEFAULT_MAX_IMAGES = 8
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """messages: [{"role", "content": [{"type": "text", "text"} | {"type": "image"}]}] (the layout's form);
+    images: the image objects (path, PIL image or uint8 array) in message order, then part order."""
+
+    messages: list
+    images: list
+
+
+def one_turn(image, prompt: str) -> list[dict]:
+    """The messages of ``generate(image, prompt)``: one user message, the image then the prompt."""
+    return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": prompt}]}]
+
+
+def _data_url_image(url: str, where: str):
+    from PIL import Image, UnidentifiedImageError
+
+    header, _, payload = url.partition(",")
+    if ";base64" not in header:
+        raise ImageError(f"{where}: data URL must be base64-encoded (data:image/png;base64,...)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError(f"{where}: data URL payload is not valid base64") from None
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})") from None
+    return img
+
+
+def _image(part: dict, where: str):
+    """The image object of an image / image_url part (a data: URL decoded, a local path passed on)."""
+    if part["type"] == "image":
+        if "image" not in part:
+            raise PromptError(f"{where}: image part needs the field 'image' (path, PIL image or uint8 array)")
+        return part["image"]
+    url = part.get("image_url")
+    url = url.get("url") if isinstance(url, dict) else url
+    if not isinstance(url, str) or not url:
+        raise PromptError(f"{where}: image_url part needs image_url.url (a string)")
+    if url.startswith("data:"):
+        return _data_url_image(url, where)
+    if url.startswith(("http://", "https://")):
+        raise ImageError(f"{where}: remote image URLs are not fetched here; pass a local path or a data: URL")
+    return url.removeprefix("file://")
+
+
+def normalize(messages, max_images: int | None = None) -> Conversation:
+    """OpenAI messages -> Conversation. PromptError (one line) for a malformed message or more than
+    ``max_images`` images; the images themselves are read later, by the family."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise PromptError("messages must be a non-empty list of {'role', 'content'} objects")
+    out, images = [], []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+            raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'")
+        role, content = msg["role"], msg["content"]
+        if role not in ROLES:
+            raise PromptError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        if not isinstance(content, (list, tuple)):
+            raise PromptError(f"messages[{i}].content must be a string or a list of parts")
+        parts = []
+        for j, part in enumerate(content):
+            where = f"messages[{i}].content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                if not isinstance(part.get("text"), str):
+                    raise PromptError(f"{where}: text part needs a string field 'text'")
+                parts.append({"type": "text", "text": part["text"]})
+            elif kind in ("image", "image_url"):
+                if role != "user":
+                    raise PromptError(f"{where}: images belong in user messages, not {role!r}")
+                images.append(_image(part, where))
+                parts.append({"type": "image"})
+            else:
+                raise PromptError(f"{where}: part type {kind!r} is not supported; expected 'text', 'image_url' "
+                                  "or 'image'")
+        out.append({"role": role, "content": parts})
+    if out[-1]["role"] != "user":
+        raise PromptError(f"messages[{len(out) - 1}]: the last message must be the user's (got "
+                          f"{out[-1]['role']!r})")
+    if not any(p["type"] == "image" or p["text"].strip() for m in out if m["role"] == "user" for p in m["content"]):
+        raise PromptError("the user messages hold no text and no image")
+    if max_images is not None and len(images) > max_images:
+        raise PromptError(f"the messages hold {len(images)} images; at most {max_images} per request "
+                          "(max_images)")
+    return Conversation(out, images)

@@ -1,0 +1,444 @@
+"""Independent conversation references on the HF PyTorch models (tests only; torch + transformers).
+
+Issue 19's semantics, written from transformers' own processor, chat template and model, never from coverpruner:
+
+    messages (OpenAI format) --normalize--> HF messages ({"type": "image"} parts) + the images in order
+    --processor.apply_chat_template--> text (one placeholder per image)
+    --processor(images, text)--> native ids [L], each image's span [S_j] (the j-th run of image tokens)
+    text parts' character spans (found with sentinels, below) --tokenizer offsets--> instruction positions:
+        demand="turn":   the text parts of the user message that holds image j
+        demand="latest": the text parts of the last user message
+    HF image features scattered into the embedded ids (in order, as HF's masked_scatter) -> embeds [1, L, d]
+    native positions: LLaVA/NeXT 0..L-1; Qwen2.5-VL HF's get_rope_index (also re-derived literally here)
+    layer-0 attention (eager, float32 softmax) from image j's instruction rows to its candidate columns,
+        mean over heads and rows -> relevance r_j; literal float64 greedy (tests/literal_selection.py) -> keep_j
+    pruned rows = text rows + every image's kept rows (+ always kept), native order; positions: LLaVA compact
+        0..L'-1 and decode at L'+t; Qwen native[:, rows] and decode at max(native)+1+t in all three rows
+    greedy decoding: an explicit loop over the HF model with those positions (not model.generate, so the
+        self-tests comparing with model.generate check the loop too).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tests.literal_selection import coverage_reference, divprune_reference
+
+FAMILIES = ("llava", "llava_next", "qwen2_5_vl")
+_SENTINEL = "\u2063TXT{}\u2063"  # invisible separator: no template or text here contains it
+
+
+# --- the model bundle ---------------------------------------------------------------------------------------------
+
+@dataclass
+class HFFamily:
+    """One tiny checkpoint with its HF processor and eager float32 model (eager: output_attentions works)."""
+
+    name: str
+    ckpt: Path
+    processor: object
+    model: object
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.model.config.image_token_id)
+
+    @property
+    def eos(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        return set(eos if isinstance(eos, (list, tuple)) else [eos])
+
+
+def load_family(name: str, ckpt: Path) -> HFFamily:
+    import transformers as tf
+
+    if name == "qwen2_5_vl":
+        processor = _qwen_processor(ckpt)
+        cls = tf.Qwen2_5_VLForConditionalGeneration
+    else:
+        processor = tf.AutoProcessor.from_pretrained(str(ckpt))
+        cls = tf.LlavaForConditionalGeneration if name == "llava" else tf.LlavaNextForConditionalGeneration
+    model = cls.from_pretrained(str(ckpt), dtype=torch.float32, attn_implementation="eager").eval()
+    return HFFamily(name, Path(ckpt), processor, model)
+
+
+def _qwen_processor(ckpt: Path):
+    """HF's Qwen2_5_VLProcessor with the PIL image processor; the video processor (torchvision) left out."""
+    from transformers import AutoTokenizer, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    class _ImageOnly(Qwen2_5_VLProcessor):
+        def check_argument_for_proper_class(self, argument_name, argument):
+            if argument_name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(argument_name, argument)
+
+    return _ImageOnly(image_processor=Qwen2VLImageProcessorPil.from_pretrained(str(ckpt)),
+                      tokenizer=AutoTokenizer.from_pretrained(str(ckpt)), video_processor=None,
+                      chat_template=(Path(ckpt) / "chat_template.jinja").read_text())
+
+
+# --- messages -----------------------------------------------------------------------------------------------------
+
+def _load_image(part: dict):
+    from PIL import Image
+
+    if part["type"] == "image_url":
+        url = part["image_url"]["url"] if isinstance(part["image_url"], dict) else part["image_url"]
+        if url.startswith("data:"):
+            return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB")
+        return Image.open(url.removeprefix("file://")).convert("RGB")
+    image = part["image"]
+    if isinstance(image, (str, Path)):
+        return Image.open(image).convert("RGB")
+    if isinstance(image, np.ndarray):
+        return Image.fromarray(image).convert("RGB")
+    return image.convert("RGB")
+
+
+def normalize(messages: list[dict]) -> tuple[list[dict], list]:
+    """OpenAI-format messages -> (HF messages whose content is a list of {"type": "text"} / {"type": "image"}
+    parts, the PIL images in order). A string content becomes one text part: llava-hf's template iterates the
+    content as a list and renders nothing for a bare string (checked in test_reference_facts)."""
+    out, images = [], []
+    for msg in messages:
+        content = msg["content"]
+        parts = [{"type": "text", "text": content}] if isinstance(content, str) else []
+        for part in [] if isinstance(content, str) else content:
+            if part["type"] == "text":
+                parts.append({"type": "text", "text": part["text"]})
+            elif part["type"] in ("image", "image_url"):
+                images.append(_load_image(part))
+                parts.append({"type": "image"})
+            else:
+                raise ValueError(f"unknown content part type {part['type']!r}")
+        out.append({"role": msg["role"], "content": parts})
+    return out, images
+
+
+def render(fam: HFFamily, hf_messages: list[dict]) -> tuple[str, list[list[tuple[int, int]]]]:
+    """The chat template's text (add_generation_prompt) and, per message, the character spans of its text parts
+    inside it. Spans are found by rendering with a unique sentinel per text part, then putting the texts back;
+    the result is checked against a plain render."""
+    marked, texts = [], []
+    for i, msg in enumerate(hf_messages):
+        parts = []
+        for part in msg["content"]:
+            if part["type"] == "text":
+                parts.append({"type": "text", "text": _SENTINEL.format(len(texts))})
+                texts.append((i, part["text"]))
+            else:
+                parts.append(part)
+        marked.append({"role": msg["role"], "content": parts})
+    template = fam.processor.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    spans: list[list[tuple[int, int]]] = [[] for _ in hf_messages]
+    text, rest = "", template
+    for k, (i, part_text) in enumerate(texts):
+        before, sep, rest = rest.partition(_SENTINEL.format(k))
+        assert sep, f"text part {k} was not rendered by the template"
+        text += before
+        spans[i].append((len(text), len(text) + len(part_text)))
+        text += part_text
+    text += rest
+    plain = fam.processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
+    assert text == plain, "sentinel rendering differs from the plain rendering"
+    return text, spans
+
+
+# --- the native sequence ------------------------------------------------------------------------------------------
+
+@dataclass
+class Native:
+    """One conversation laid out by HF.
+
+    ids int64 [L]; inputs: the processor's output (for model.generate); embeds float32 [1, L, d] (HF merge);
+    positions int64 [R, L] (R = 1 for LLaVA/NeXT: 0..L-1; R = 3 for Qwen2.5-VL: get_rope_index);
+    spans: per image j, int64 [S_j] positions in ids; candidates: per image, int64 [n_j] indices into its span
+    (NeXT: not the image_newline rows); newline: per image, bool [S_j] (NeXT's image_newline rows, kept with
+    newline_policy="keep"); image_message: per image, the index of the message holding it; features: per image,
+    its span rows float32 [S_j, d];
+    message_spans: per message, its text parts' character spans in `text`; instr_turn: per image, int64 [T_j]
+    positions of the tokens overlapping its message's text parts; instr_latest: int64 [T] same for the last user
+    message.
+    """
+
+    text: str
+    ids: torch.Tensor
+    inputs: dict
+    embeds: torch.Tensor
+    positions: torch.Tensor
+    spans: list[np.ndarray]
+    candidates: list[np.ndarray]
+    newline: list[np.ndarray]
+    image_message: list[int]
+    message_spans: list[list[tuple[int, int]]]
+    instr_turn: list[np.ndarray]
+    instr_latest: np.ndarray
+    features: list[torch.Tensor] = field(default_factory=list)
+
+
+def processor_inputs(fam: HFFamily, text: str, images: list) -> dict:
+    if fam.name == "qwen2_5_vl":
+        return fam.processor(images=images or None, text=[text], return_tensors="pt")
+    return fam.processor(images=images or None, text=text, return_tensors="pt")
+
+
+def _image_runs(ids: list[int], image_id: int) -> list[np.ndarray]:
+    runs, start = [], None
+    for i, t in enumerate(ids + [None]):
+        if t == image_id and start is None:
+            start = i
+        elif t != image_id and start is not None:
+            runs.append(np.arange(start, i, dtype=np.int64))
+            start = None
+    return runs
+
+
+def _expanded_index(fam: HFFamily, text: str, spans_of_runs: list[np.ndarray], ids: list[int]):
+    """Tokenize `text` alone with offsets; check that expanding its j-th image token to S_j copies gives the
+    processor's ids; return (offsets of the unexpanded tokens, map unexpanded index -> native index)."""
+    enc = fam.processor.tokenizer(text, return_offsets_mapping=True)
+    raw, offsets = enc["input_ids"], enc["offset_mapping"]
+    expanded, where, j = [], [], 0
+    for t in raw:
+        where.append(len(expanded))
+        if t == fam.image_token_id:
+            expanded += [t] * len(spans_of_runs[j])
+            j += 1
+        else:
+            expanded.append(t)
+    assert expanded == ids, "the processor's ids are not the rendered text's tokens with each image expanded"
+    return offsets, where, raw
+
+
+def _overlapping(offsets, where, raw, image_id: int, char_spans) -> np.ndarray:
+    """Native positions of the tokens with a non-empty offset overlapping any of char_spans (image tokens never)."""
+    pos = [where[i] for i, (a, b) in enumerate(offsets)
+           if b > a and raw[i] != image_id and any(a < end and b > start for start, end in char_spans)]
+    return np.asarray(pos, dtype=np.int64)
+
+
+def image_features(fam: HFFamily, inputs: dict) -> list[torch.Tensor]:
+    """Per image, its span rows [S_j, d] as HF computes them (NeXT: packed with image_newline rows)."""
+    model = fam.model
+    with torch.no_grad():
+        if fam.name == "llava":
+            cfg = model.config
+            out = model.get_image_features(pixel_values=inputs["pixel_values"],
+                                           vision_feature_layer=cfg.vision_feature_layer,
+                                           vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+            feats = out.pooler_output if hasattr(out, "pooler_output") else out
+        elif fam.name == "llava_next":
+            feats = model.get_image_features(pixel_values=inputs["pixel_values"],
+                                             image_sizes=inputs["image_sizes"]).pooler_output
+        else:
+            feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+    return [f for f in feats]
+
+
+def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[tuple[int, int, int]],
+                           merge: int) -> np.ndarray:
+    """M-RoPE positions written from the rule (int64 [3, L]): text tokens count on from the current position in
+    all three rows; an image with grid (t, h, w) patches, g = (t, h/merge, w/merge), starting at position s
+    gets (s + ti, s + row, s + col) in row-major order, and the text after it starts at s + max(h, w)/merge."""
+    pos = np.zeros((3, len(ids)), dtype=np.int64)
+    starts = {int(span[0]): j for j, span in enumerate(spans)}
+    i, cur = 0, 0
+    while i < len(ids):
+        if i in starts:
+            j = starts[i]
+            t, h, w = grids[j][0], grids[j][1] // merge, grids[j][2] // merge
+            tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
+            pos[:, i:i + t * h * w] = cur + np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
+            i += t * h * w
+            cur += max(h, w)
+        else:
+            pos[:, i] = cur
+            i, cur = i + 1, cur + 1
+    return pos
+
+
+def native(fam: HFFamily, messages: list[dict]) -> Native:
+    hf_messages, images = normalize(messages)
+    text, message_spans = render(fam, hf_messages)
+    inputs = processor_inputs(fam, text, images)
+    ids = inputs["input_ids"][0]
+    runs = _image_runs(ids.tolist(), fam.image_token_id)
+    assert len(runs) == len(images), f"{len(runs)} image spans for {len(images)} images"
+    offsets, where, raw = _expanded_index(fam, text, runs, ids.tolist())
+
+    image_message = [i for i, msg in enumerate(hf_messages) for part in msg["content"] if part["type"] == "image"]
+    instr_turn = [_overlapping(offsets, where, raw, fam.image_token_id, message_spans[i]) for i in image_message]
+    last_user = max(i for i, msg in enumerate(hf_messages) if msg["role"] == "user")
+    instr_latest = _overlapping(offsets, where, raw, fam.image_token_id, message_spans[last_user])
+
+    with torch.no_grad():
+        embeds = fam.model.get_input_embeddings()(ids[None]).clone()
+    feats = image_features(fam, inputs) if images else []
+    newline = []
+    for span, f in zip(runs, feats):
+        assert f.shape[0] == span.size, (f.shape, span.size)
+        embeds[0, torch.from_numpy(span)] = f.to(embeds.dtype)
+        if fam.name == "llava_next":
+            newline.append((f == fam.model.model.image_newline[None]).all(dim=1).numpy())
+        else:
+            newline.append(np.zeros(span.size, dtype=bool))
+    candidates = [np.flatnonzero(~nl) for nl in newline]
+
+    if fam.name == "qwen2_5_vl" and images:
+        with torch.no_grad():
+            positions, _ = fam.model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                                          image_grid_thw=inputs["image_grid_thw"])
+        positions = positions[:, 0]
+    elif fam.name == "qwen2_5_vl":
+        positions = torch.arange(ids.numel())[None].expand(3, -1).clone()
+    else:
+        positions = torch.arange(ids.numel())[None]
+    return Native(text, ids, inputs, embeds, positions, runs, candidates, newline, image_message, message_spans,
+                  instr_turn, instr_latest, feats)
+
+
+# --- demand, selection, pruning, decoding -------------------------------------------------------------------------
+
+def layer0_attention(fam: HFFamily, nat: Native) -> torch.Tensor:
+    """HF's layer-0 attention probabilities [H, L, L] over the full native sequence at native positions."""
+    lm = fam.model.model.language_model
+    pos = nat.positions[:, None] if fam.name == "qwen2_5_vl" else nat.positions
+    with torch.no_grad():
+        out = lm(inputs_embeds=nat.embeds, position_ids=pos, output_attentions=True)
+    return out.attentions[0][0].float()
+
+
+def relevance(fam: HFFamily, nat: Native, j: int, demand: str = "turn", att=None) -> np.ndarray | None:
+    """float64 [n_j]: mean over heads and instruction rows of layer-0 attention at image j's candidate columns;
+    None when the message has no text token (the weights are then uniform)."""
+    instr = nat.instr_turn[j] if demand == "turn" else nat.instr_latest
+    if instr.size == 0:
+        return None
+    att = layer0_attention(fam, nat) if att is None else att
+    cols = nat.spans[j][nat.candidates[j]]
+    return att[:, instr][:, :, cols].double().mean(dim=(0, 1)).numpy()
+
+
+@dataclass
+class Selection:
+    """Per image: kept candidate indices (sorted, into candidates), relevance or None, kept span rows."""
+
+    keep: list[np.ndarray]
+    relevance: list[np.ndarray | None]
+    rows: list[np.ndarray]
+
+
+def select(fam: HFFamily, nat: Native, budget, method: str = "coverpruner", demand: str = "turn",
+           tau: float = 0.3, newline_policy: str = "drop") -> Selection:
+    """budget: an int per image, or "full" (every span row kept: the unpruned model)."""
+    att = layer0_attention(fam, nat) if method == "coverpruner" and nat.spans else None
+    keep, rel, rows = [], [], []
+    for j, span in enumerate(nat.spans):
+        cand = nat.candidates[j]
+        r = relevance(fam, nat, j, demand, att) if method == "coverpruner" else None
+        if budget == "full":
+            k = np.arange(cand.size, dtype=np.int64)
+            kept = np.arange(span.size, dtype=np.int64)
+        else:
+            feats = nat.features[j][torch.from_numpy(cand)].double().numpy()
+            if method == "coverpruner":
+                k = coverage_reference(feats, r, budget, tau)
+            elif method == "divprune":
+                k = divprune_reference(feats, budget)
+            else:
+                raise ValueError(f"no literal reference for method {method!r}")
+            kept = cand[k]
+            if newline_policy == "keep":
+                kept = np.union1d(kept, np.flatnonzero(nat.newline[j]))
+        keep.append(k)
+        rel.append(r)
+        rows.append(np.sort(kept))
+    return Selection(keep, rel, rows)
+
+
+def pruned_rows(nat: Native, sel: Selection) -> np.ndarray:
+    """int64 [L']: the native rows kept, in native order (all text rows + each image's kept rows)."""
+    drop = np.zeros(nat.ids.numel(), dtype=bool)
+    for span, kept in zip(nat.spans, sel.rows):
+        drop[span] = True
+        drop[span[kept]] = False
+    return np.flatnonzero(~drop)
+
+
+def greedy(fam: HFFamily, embeds: torch.Tensor, positions: torch.Tensor, steps: int, mask=None,
+           next_position: int | None = None) -> list[int]:
+    """Greedy loop on the HF model: prefill embeds [1, L', d] at positions [R, L'] (R = 1 or 3), then the t-th new
+    token at next_position + t (all rows). Stops after `steps` tokens or at EOS (included)."""
+    model = fam.model
+    qwen = fam.name == "qwen2_5_vl"
+    mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
+    start = int(positions.max()) + 1 if next_position is None else next_position
+    out = []
+    with torch.no_grad():
+        res = model(inputs_embeds=embeds, position_ids=positions[:, None] if qwen else positions,
+                    attention_mask=mask, use_cache=True)
+        for t in range(steps):
+            tok = int(res.logits[0, -1].argmax())
+            out.append(tok)
+            if tok in fam.eos or t == steps - 1:
+                break
+            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+            pos = torch.full((3, 1, 1) if qwen else (1, 1), start + t, dtype=torch.long)
+            res = model(inputs_embeds=model.get_input_embeddings()(torch.tensor([[tok]])), position_ids=pos,
+                        attention_mask=mask, past_key_values=res.past_key_values, use_cache=True)
+    return out
+
+
+def pruned_positions(fam: HFFamily, nat: Native, rows: np.ndarray) -> tuple[torch.Tensor, int]:
+    """(positions [R, L'], first decode position): LLaVA/NeXT compact 0..L'-1 and L'; Qwen2.5-VL the kept rows'
+    native positions and max(native) + 1 (the position the next token has without pruning)."""
+    if fam.name == "qwen2_5_vl":
+        return nat.positions[:, torch.from_numpy(rows)], int(nat.positions.max()) + 1
+    return torch.arange(rows.size)[None], int(rows.size)
+
+
+@dataclass
+class Answer:
+    tokens: list[int]
+    selection: Selection
+    rows: np.ndarray
+
+
+def chat(fam: HFFamily, messages: list[dict], budget="full", method: str = "coverpruner", demand: str = "turn",
+         max_new_tokens: int = 8, tau: float = 0.3, newline_policy: str = "drop") -> Answer:
+    """The reference answer of one request: new token ids, per-image selection, the pruned rows."""
+    nat = native(fam, messages)
+    sel = select(fam, nat, budget, method, demand, tau, newline_policy)
+    rows = pruned_rows(nat, sel)
+    positions, start = pruned_positions(fam, nat, rows)
+    tokens = greedy(fam, nat.embeds[:, torch.from_numpy(rows)], positions, max_new_tokens, next_position=start)
+    return Answer(tokens, sel, rows)
+
+
+def masked_chat(fam: HFFamily, nat: Native, sel: Selection, max_new_tokens: int) -> list[int]:
+    """Qwen2.5-VL: the full native sequence with the dropped image rows masked out (attention_mask 0): with native
+    positions pruning must equal this."""
+    keep = pruned_rows(nat, sel)
+    mask = torch.zeros(1, nat.ids.numel(), dtype=torch.long)
+    mask[0, torch.from_numpy(keep)] = 1
+    return greedy(fam, nat.embeds, nat.positions, max_new_tokens, mask=mask,
+                  next_position=int(nat.positions.max()) + 1)
+
+
+def hf_generate(fam: HFFamily, messages: list[dict], max_new_tokens: int = 8) -> list[int]:
+    """transformers' own model.generate on the processor's inputs (unpruned): the new token ids."""
+    hf_messages, images = normalize(messages)
+    text = fam.processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
+    inputs = processor_inputs(fam, text, images)
+    if fam.name == "qwen2_5_vl":
+        fam.model.model.rope_deltas = None  # stateful in HF: a previous call's deltas must not leak in
+    with torch.no_grad():
+        out = fam.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
