@@ -22,7 +22,8 @@ from typing import Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_manifest, position_ids_input
+from coverpruner.engine_dir import (REQUIRED_GRAPHS, IntegrityCheck, Manifest, graph_spec, load_manifest,
+                                    position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.families import get_family
@@ -90,6 +91,8 @@ class Pipeline:
     def __init__(self, manifest: Manifest, sessions: dict, provider: str = "cpu", selector: str = "auto"):
         self.manifest = manifest
         self.provider = provider
+        #: the background re-check of the dir's files (engine_dir.IntegrityCheck) until it has passed
+        self._integrity: IntegrityCheck | None = None
         #: how the coverpruner method selects: "auto" (selector.onnx up to AUTO_ONNX_MAX_CANDIDATES candidates,
         #: numpy above), "onnx" or "numpy"; "numpy" whenever no selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
@@ -115,8 +118,13 @@ class Pipeline:
         # a session that brings its own KV-cache loop (native TensorRT engines keep the cache on the GPU)
         # provides decoder_loop(); ORT sessions use the IO-binding loop
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
-        self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
-                        else DecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
+        try:
+            self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
+                            else DecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
+        except ValueError as exc:  # dims.num_layers / num_kv_heads / head_dim disagree with the decoder graph
+            raise ManifestError(f"{manifest.root / 'manifest.json'}: dims (num_layers {dims[0]}, num_kv_heads "
+                                f"{dims[1]}, head_dim {dims[2]}) disagree with the decoder graph: "
+                                f"{str(exc).splitlines()[0]}") from None
 
     @property
     def num_visual_tokens(self) -> int:
@@ -149,7 +157,10 @@ class Pipeline:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
         if selector not in SELECTOR_BACKENDS:
             raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
-        manifest = load_manifest(Path(path), verify=verify)
+        manifest = load_manifest(Path(path), verify=False)
+        # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
+        # while the sessions load and the first request runs; answers wait for it (see _verified)
+        integrity = verify_files(manifest, background=True) if verify else None
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"
@@ -168,8 +179,12 @@ class Pipeline:
             try:
                 sessions[name] = factory(name, graph_spec(manifest, name).path)
             except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
+                if integrity is not None:
+                    integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        return cls(manifest, sessions, provider, selector)
+        pipe = cls(manifest, sessions, provider, selector)
+        pipe._integrity = integrity
+        return pipe
 
     def selector_for(self, n: int) -> str:
         """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"."""
@@ -231,8 +246,24 @@ class Pipeline:
         sampling = SamplingConfig(temperature, top_p, seed)
         stop_ids = set() if ignore_eos else self.eos_ids
         family_options = self.resolve_options(options)
-        return TextStream(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens, sampling, seed,
-                                    stop_ids, family_options))
+        return TextStream(self._checked(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens,
+                                                  sampling, seed, stop_ids, family_options)))
+
+    def _verified(self) -> None:
+        """Wait for the background file check (first request only); ManifestError if a file changed."""
+        if self._integrity is not None:
+            self._integrity.result()
+            self._integrity = None
+
+    def _checked(self, gen):
+        """Run ``gen``; when a graph fails unexpectedly, a changed file (if any) is the error reported."""
+        try:
+            return (yield from gen)
+        except CoverPrunerError:
+            raise
+        except Exception:
+            self._verified()
+            raise
 
     def family_options(self) -> dict:
         """The family's request options and their values when a request names none: {name: default}."""
@@ -335,6 +366,7 @@ class Pipeline:
         logits = self.decoder.forward(seq[None], position_ids_input(positions, rank))
         sampler = Sampler(sampling)
         token = sampler(logits)
+        self._verified()
         times["prefill"], t = time.perf_counter() - t, time.perf_counter()
 
         stream = StreamDecoder(self.encoder)
