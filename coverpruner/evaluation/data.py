@@ -174,6 +174,11 @@ def load_samples(task: TaskSpec, path, need_image: bool = True, limit: int | Non
                 k = seen.get(key, 0)
                 seen[key] = k + 1
                 key = f"{key}#{k}"
+            elif key in seen:  # both rows would be scored under one id (and predictions matched to either)
+                raise DataError(f"{where}: duplicate {task.key} {key!r} (first at {seen[key]}); ids must be "
+                                "unique")
+            else:
+                seen[key] = where
             image = doc.pop(image_col) if image_col else None
             samples.append(Sample(key, doc, image, where, file.parent, image_col == task.image_id_column))
             if limit is not None and len(samples) >= limit:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.families import request_options
@@ -72,6 +74,20 @@ def engine_precision(manifest) -> dict:
             "quantization": quant}
 
 
+def check_png_path(path: str) -> None:
+    """--save-selection: a .png file name in an existing, writable folder (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise OptionError(f"--save-selection {path}: is a directory; give a file name ending in .png")
+    if p.suffix.lower() != ".png":
+        raise OptionError(f"--save-selection {path}: the file is written as PNG; its name must end in .png")
+    parent = p.parent
+    if not parent.is_dir():
+        raise OptionError(f"--save-selection {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OptionError(f"--save-selection {path}: folder {parent} is not writable")
+
+
 def run(args) -> int:
     from coverpruner.runtime.pipeline import Pipeline
 
@@ -79,6 +95,8 @@ def run(args) -> int:
         raise OptionError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
     if args.method is not None and args.method not in METHODS:
         raise OptionError(f"unknown method {args.method!r}; expected one of {list(METHODS)}")
+    if args.save_selection:
+        check_png_path(args.save_selection)
     pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector)
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))

@@ -29,6 +29,8 @@ from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError,
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.kv_cache import DecoderSession
+from coverpruner.runtime.options import (check_bool, check_max_new_tokens, check_seed, check_tau,  # noqa: F401
+                                        parse_budget)  # parse_budget: re-exported (serving, CLIs)
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
@@ -38,19 +40,6 @@ from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch o
 METHODS = tuple(SELECTORS)
 #: Methods that read the layer-0 demand; the probe graph runs only for these.
 _USES_RELEVANCE = {"coverpruner", "attention"}
-
-
-def parse_budget(budget) -> int | None:
-    """None / "full" -> None (no pruning); a positive int (or its string) -> int; else OptionError."""
-    if budget is None or (isinstance(budget, str) and budget.strip().lower() == "full"):
-        return None
-    try:
-        value = int(budget)
-    except (TypeError, ValueError):
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}") from None
-    if value < 1 or (isinstance(budget, float) and budget != value):
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}")
-    return value
 
 
 def _selector(method: str):
@@ -240,11 +229,16 @@ class Pipeline:
         """
         budget_n = parse_budget(budget)
         select = _selector(method) if budget_n is not None else None
-        tau = float(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        if not isinstance(prompt, str):
+            raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not self.encoder.fits(prompt, self.max_positions):
+            raise PromptError(f"prompt is {len(prompt)} characters, more than fit the context of "
+                              f"{self.max_positions} tokens")
+        tau = check_tau(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        seed = check_seed(seed)
         sampling = SamplingConfig(temperature, top_p, seed)
-        stop_ids = set() if ignore_eos else self.eos_ids
+        stop_ids = set() if check_bool("ignore_eos", ignore_eos) else self.eos_ids
         family_options = self.resolve_options(options)
         return TextStream(self._checked(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens,
                                                   sampling, seed, stop_ids, family_options)))

@@ -28,6 +28,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError
 from coverpruner.serving.errors import APIError, bad_request
+from coverpruner.serving.images import REMOTE_TIMEOUT_S
+from coverpruner.serving.memory import release_freed_memory
 from coverpruner.serving.metrics import ServerMetrics
 from coverpruner.serving.request import GenerationRequest, build_request, option_param, pipeline_options
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -41,6 +43,11 @@ log = logging.getLogger("coverpruner.serving")
 _FINISH = {"eos": "stop", "length": "length", "context": "length"}
 #: How often a waiting request checks whether its client is still connected (seconds).
 _DISCONNECT_POLL_S = 0.25
+#: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
+#: Content-Length before reading, and while reading a body without one.
+MAX_BODY_BYTES = 48 * 2 ** 20
+#: Images above this many pixels leave large freed blocks in the allocator; the worker returns them afterwards.
+_LARGE_IMAGE_PIXELS = 4_000_000
 
 
 @dataclass
@@ -58,6 +65,7 @@ class ServerConfig:
     selector: str = "auto"
     budget: int | str | None = None  # default budget when a request has none (None: the manifest's)
     method: str | None = None  # default method when a request has none (None: the manifest's)
+    remote_timeout_s: float = REMOTE_TIMEOUT_S  # a whole remote image fetch (with --allow-remote-images)
 
     @property
     def served_name(self) -> str:
@@ -103,8 +111,14 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), None, "not_found" if exc.status_code == 404
-                                     else None).body(), status_code=exc.status_code)
+        return state.error(APIError(exc.status_code, str(exc.detail), None,
+                                    "not_found" if exc.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception):  # the server's own fault: still OpenAI's JSON, counted
+        log.exception("internal error")
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        return state.error(APIError(500, f"internal error: {type(exc).__name__}: {msg}", None, "internal_error"))
 
     @app.get("/health")
     async def health():
@@ -131,47 +145,80 @@ def create_app(config: ServerConfig) -> FastAPI:
         req = await _parse(request)
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
+
+        def validate(prompt: str, options: dict) -> None:
+            # Pipeline.stream checks every option and the prompt's size at the call, before any work (the
+            # generator is not started, the image not yet decoded)
+            try:
+                state.pipelines[0].stream(None, prompt, **options)
+            except CoverPrunerError as exc:
+                raise _api_error_from(exc, GenerationRequest(None, prompt, options)) from None
+
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
-                                      config.allow_remote_images, state.options)
-        try:  # Pipeline.stream checks every option at the call, before any work (the generator is not started)
-            state.pipelines[0].stream(gen.image, gen.prompt, **gen.options)
-        except CoverPrunerError as exc:
-            raise _api_error_from(exc, gen) from None
-        job = Job(gen.image, gen.prompt, gen.options, asyncio.get_running_loop())
+                                      config.allow_remote_images, state.options, validate, config.remote_timeout_s)
+        large = gen.image.width * gen.image.height > _LARGE_IMAGE_PIXELS
         try:
-            state.pool.submit(job)
-        except QueueFull as exc:
-            raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
-        watcher = asyncio.create_task(_watch_disconnect(job, request))
-        streaming = False
-        try:
-            first = await job.events.get()
-            if first[0] == "error":
-                raise _api_error_from(first[1], gen)
-            if first[0] == "cancelled":
-                return Response(status_code=499)  # nobody is listening
-            meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
-            if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
-                streaming = True
-                # background: also runs when the client left before the body started (then _sse never ran)
-                return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
-            return await _complete(state, job, gen, first, meta)
+            return await _answer(state, request, gen)
         finally:
-            watcher.cancel()
-            if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
-                job.cancel()
+            if large:
+                gen.image = None
+                await run_in_threadpool(release_freed_memory)
 
     return app
 
 
+async def _answer(state: ServerState, request: Request, gen: GenerationRequest):
+    """Queue the validated request on a worker and answer it (JSON or server-sent events)."""
+    job = Job(gen.image, gen.prompt, gen.options, asyncio.get_running_loop())
+    try:
+        state.pool.submit(job)
+    except QueueFull as exc:
+        raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
+    watcher = asyncio.create_task(_watch_disconnect(job, request))
+    streaming = False
+    try:
+        first = await job.events.get()
+        if first[0] == "error":
+            raise _api_error_from(first[1], gen)
+        if first[0] == "cancelled":
+            return Response(status_code=499)  # nobody is listening
+        meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
+        if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
+            streaming = True
+            # background: also runs when the client left before the body started (then _sse never ran)
+            return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
+        return await _complete(state, job, gen, first, meta)
+    finally:
+        watcher.cancel()
+        if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
+            job.cancel()
+
+
 # -- request parsing ------------------------------------------------------------------------------
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 413 past MAX_BODY_BYTES (from Content-Length before reading, else while reading)."""
+    too_large = APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", None, "request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
 
 async def _parse(request: Request) -> ChatCompletionRequest:
     try:
-        body = json.loads(await request.body())
+        body = json.loads(await _read_body(request))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", None, "invalid_json")
     try:

@@ -52,20 +52,37 @@ class GenerationRequest:
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
-                  allow_remote_images: bool, allowed: dict | None = None) -> GenerationRequest:
-    """Check the messages and options; decode the image. Raises APIError(400) naming the field.
+                  allow_remote_images: bool, allowed: dict | None = None, validate=None,
+                  remote_timeout_s: float | None = None) -> GenerationRequest:
+    """Check the messages and options, then decode the image. Raises APIError(400) naming the field.
 
     defaults: the engine manifest's defaults (``budget``, ``method``) used when the body has none.
     allowed: the extra fields accepted (default ``pipeline_options()`` without a loaded pipeline).
+    validate(prompt, options): the pipeline's own checks (options, prompt size), run before the image is
+    fetched or decoded so that a bad option costs no decoding.
     """
     prompt, image_url, image_param = _one_turn(req)
-    image = load_image_url(image_url, image_param, allow_local_files, allow_remote_images)
     options = _options(req, defaults, pipeline_options() if allowed is None else allowed)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
+    _check_text(stop, "stop")
+    if validate is not None:
+        validate(prompt, options)
+    image = load_image_url(image_url, image_param, allow_local_files, allow_remote_images,
+                           **({} if remote_timeout_s is None else {"timeout_s": remote_timeout_s}))
     return GenerationRequest(image, prompt, options, stop, req.stream,
                              bool(req.stream_options and req.stream_options.include_usage), image_param)
+
+
+def _check_text(texts, param: str) -> None:
+    """Text must be encodable as UTF-8: JSON lets a lone surrogate (\\ud800) through, the tokenizer does not."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise bad_request(f"text holds a lone UTF-16 surrogate {text[exc.start]!r} at character {exc.start}; "
+                              "send valid Unicode", param, "invalid_text") from None
 
 
 def _one_turn(req: ChatCompletionRequest) -> tuple[str, str, str]:
@@ -102,6 +119,7 @@ def _one_turn(req: ChatCompletionRequest) -> tuple[str, str, str]:
     if len(images) > 1:
         raise bad_request(f"the user message has {len(images)} images; this server answers about exactly one",
                           images[1][0], "too_many_images")
+    _check_text(texts, "messages[0].content")
     prompt = "\n".join(t for t in texts if t.strip())
     if not prompt:
         raise bad_request("the user message has no text; add a text content part with the question",
