@@ -22,7 +22,7 @@ BAD_TAU = ["nan", "inf", "-inf", "89", "1e9"]
 def test_run_refuses_non_finite_or_overflowing_tau(tiny_export, demo_image, capsys, tau, selector):
     """Item 1: the weights exp(tau * minmax(r)) overflow float32 for tau >= 88.7; NaN/Inf make every gain NaN."""
     code, out, err = run_main(main, capsys, tiny_export, "--image", demo_image, "--prompt", "hi", "--budget", "8",
-                              "--tau", tau, "--selector", selector, "--max-new-tokens", "1", "--json")
+                              f"--tau={tau}", "--selector", selector, "--max-new-tokens", "1", "--json")
     assert code == 2 and out == ""
     assert "tau" in one_line(err)
 

@@ -30,7 +30,8 @@ def test_run_refuses_duplicate_ids(tiny_export, dup_data, tmp_path, capsys):
                             "--budgets", "8", "--max-new-tokens", "1", "--no-progress")
     assert code == 2
     line = one_line(err)
-    assert "duplicate" in line and str(dup_data) in line and "row 3" in line and "'a'" in line
+    # the third row ("row 2": the loader numbers rows from 0 in all its messages)
+    assert "duplicate" in line and str(dup_data) in line and "row 2" in line and "'a'" in line
     assert not out.exists() or not any(out.rglob("*.jsonl"))
 
 
@@ -39,7 +40,7 @@ def test_score_refuses_duplicate_ids_in_data(dup_data, tmp_path, capsys):
     preds.write_text("".join(json.dumps({"question_id": k, "prediction": "red"}) + "\n" for k in "ab"))
     code, out, err = run_main(main, capsys, "score", "--task", "gqa", "--data", dup_data, "--predictions", preds)
     assert code == 2 and out == ""
-    assert "duplicate" in one_line(err) and "row 3" in err
+    assert "duplicate" in one_line(err) and "row 2" in err  # the third row: rows count from 0
 
 
 def test_score_refuses_duplicate_predictions(tmp_path, capsys):
