@@ -89,13 +89,31 @@ class ImageSettings:
         return self.height or self.shortest_edge, self.width or self.shortest_edge
 
 
+#: Longest side / shortest side accepted. The preprocessors scale the short side up to the model's input (CLIP:
+#: 336 px), so a 20,000 x 1 image became a 336 x 6.7M intermediate (5.5 GB, 8-14 s); 50:1 bounds it at 5.6 MP.
+#: Qwen2-VL's own processor refuses ratios above 200.
+MAX_ASPECT_RATIO = 50
+
+
+def check_aspect_ratio(size, what: str) -> None:
+    """(width, height) -> ImageError when empty or more elongated than MAX_ASPECT_RATIO : 1."""
+    w, h = int(size[0]), int(size[1])
+    if w < 1 or h < 1:
+        raise ImageError(f"{what} is empty ({w} x {h} pixels)")
+    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):
+        raise ImageError(f"{what} is {w} x {h} pixels (aspect ratio {max(w, h) / min(w, h):.0f}:1); the limit is "
+                         f"{MAX_ASPECT_RATIO}:1")
+
+
 def load_image(image) -> Image.Image:
     """Open a path (str/PathLike) or pass a PIL image through; ImageError on missing/corrupt files."""
     if isinstance(image, Image.Image):
+        check_aspect_ratio(image.size, "image")
         return image
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim not in (2, 3):
             raise ImageError(f"numpy image must be uint8 [H,W] or [H,W,C], got {image.dtype} {image.shape}")
+        check_aspect_ratio(image.shape[1::-1], "image")
         return Image.fromarray(image)
     if not isinstance(image, (str, os.PathLike)):
         raise ImageError(f"image must be a path, a PIL image or a uint8 array, got {type(image).__name__}")
@@ -107,6 +125,7 @@ def load_image(image) -> Image.Image:
             # PIL only warns between MAX_IMAGE_PIXELS and twice that, then decodes gigabytes: refuse it as well
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(path)
+            check_aspect_ratio(img.size, str(path))  # from the header, before decoding
             img.load()  # decode now so truncated files fail here, not deep inside resize
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         size = re.search(r"\((\d+) pixels\)", str(exc))

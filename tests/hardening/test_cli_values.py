@@ -81,3 +81,17 @@ def test_eval_refuses_nan_tau_before_writing(tiny_export, tmp_path, capsys):
                             "--tau", "nan", "--budgets", "8", "--no-progress")
     assert code == 2 and "tau" in one_line(err)
     assert not out.exists() or not any(out.rglob("*.json"))
+
+
+def test_run_refuses_an_extreme_aspect_ratio_before_decoding(tiny_export, tmp_path, capsys):
+    """Item 11 (coverpruner-run): a 140-byte 20,000 x 1 PNG took 8-14 s and 5.5 GB; now one line at once."""
+    import time
+
+    from .pngs import png
+
+    path = tmp_path / "thin.png"
+    path.write_bytes(png(20_000, 1))
+    t0 = time.monotonic()
+    code, out, err = run_main(main, capsys, tiny_export, "--image", path, "--prompt", "hi", "--max-new-tokens", "1")
+    assert code == 2 and out == "" and time.monotonic() - t0 < 5
+    assert "aspect ratio" in one_line(err)
