@@ -96,11 +96,10 @@ MAX_ASPECT_RATIO = 50
 
 
 def check_aspect_ratio(size, what: str) -> None:
-    """(width, height) -> ImageError when empty or more elongated than MAX_ASPECT_RATIO : 1."""
+    """(width, height) -> ImageError when more elongated than MAX_ASPECT_RATIO : 1 (empty images are left to the
+    decoder's own message)."""
     w, h = int(size[0]), int(size[1])
-    if w < 1 or h < 1:
-        raise ImageError(f"{what} is empty ({w} x {h} pixels)")
-    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):
+    if w >= 1 and h >= 1 and max(w, h) > MAX_ASPECT_RATIO * min(w, h):
         raise ImageError(f"{what} is {w} x {h} pixels (aspect ratio {max(w, h) / min(w, h):.0f}:1); the limit is "
                          f"{MAX_ASPECT_RATIO}:1")
 
