@@ -86,5 +86,5 @@ def parse_budget(budget) -> int | None:
     if isinstance(budget, str) and budget.strip().isdigit():
         value = int(budget.strip())
     if not _is_int(value) or not 1 <= value <= MAX_BUDGET:
-        raise OptionError(f"budget must be an integer in 1..{MAX_BUDGET} or 'full', got {budget!r}")
+        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r} (integers 1..{MAX_BUDGET})")
     return int(value)
