@@ -8,6 +8,7 @@ With --quantize the exported (or, without --model, the existing) dir is then qua
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -94,6 +95,20 @@ def _check_quantized_kept(output: Path, exported: tuple[str, ...]) -> None:
                             "or export into a fresh directory")
 
 
+def _check_output(output: Path) -> None:
+    """--output must be a folder or creatable as one, in a writable place: checked before the model loads (a file
+    in the path failed with NotADirectoryError after 11 s, an unwritable one after 20 s with vision written)."""
+    from coverpruner.export.quant import QuantizeError
+
+    probe = Path(output)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise QuantizeError(f"--output {output}: {probe} is a file, expected a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise QuantizeError(f"--output {output}: {probe} is not writable")
+
+
 def _quantize(output: Path, opts, progress: bool) -> None:
     from coverpruner.export.quant import quantize_engine_dir
 
@@ -117,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise QuantizeError("--model is required (only --quantize works on an existing --output dir)")
             _quantize(args.output, quant, not args.no_progress)
             return 0
+        _check_output(args.output)
         _check_quantized_kept(args.output, args.graphs)
         model_dir, source = resolve_model(args.model)
     except (MissingModelError, QuantizeError) as exc:
