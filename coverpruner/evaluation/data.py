@@ -74,12 +74,18 @@ def _image_column(task: TaskSpec, jsonl: bool) -> str:
 
 
 def data_files(task: TaskSpec, path: Path) -> list[Path]:
-    """The files ``--data`` names for this task (a .jsonl file, or parquet files)."""
+    """The files ``--data`` names for this task: a .jsonl file, a folder's parquet/arrow files, or (a folder
+    without tables) its .jsonl files."""
     path = Path(path)
     if path.suffix == ".jsonl":
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         return [path]
+    if path.is_dir() and not any(path.rglob("*.parquet")) and not any(path.rglob("*.arrow")):
+        jsonl = sorted(path.rglob("*.jsonl"))  # a folder of JSONL files (image paths relative to each file)
+        if jsonl:
+            return jsonl
+        raise DataError(f"{path}: no .parquet, .arrow or .jsonl files for task {task.name}")
     return _table_files(task, path)
 
 

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--output", required=True, type=Path, help="engine directory to write (created if needed)")
     g = p.add_argument_group("graphs")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
-                   help="float precision of weights and float tensors (relevance/softmax stay float32)")
+                   help="float precision of weights and float tensors (relevance/softmax stay float32); default fp32")
     g.add_argument("--graphs", type=_graphs, default=GRAPHS,
                    help=f"comma-separated subset to (re-)export; default all: {','.join(GRAPHS)}")
     g.add_argument("--opset", type=int, default=18,
