@@ -29,8 +29,8 @@ from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError,
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.kv_cache import DecoderSession
-from coverpruner.runtime.options import (check_bool, check_max_new_tokens, check_seed, check_tau,  # noqa: F401
-                                        parse_budget)  # parse_budget: re-exported (serving, CLIs)
+# parse_budget is also imported from here by the CLIs and the server
+from coverpruner.runtime.options import check_bool, check_max_new_tokens, check_seed, check_tau, parse_budget
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
