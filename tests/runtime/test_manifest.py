@@ -11,7 +11,6 @@ import pytest
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import load_manifest, position_ids_input, read_raw, write_manifest
-from coverpruner.filehash import sha256_file
 from coverpruner.runtime.errors import ManifestError
 
 
