@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -22,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 from PIL import Image, UnidentifiedImageError
 
-from coverpruner.serving.errors import bad_request
+from coverpruner.serving.errors import APIError, bad_request
 
 #: Image formats the server decodes (PIL format names).
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -30,6 +31,10 @@ FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
 #: Whole remote fetch (connect, redirects, every byte), seconds.
 REMOTE_TIMEOUT_S = 10.0
+#: Remote fetches in progress at once per process; more get 429 at once. Requests are parsed on the ASGI
+#: server's thread pool (40 threads), so 42 slow fetches used to block every other request for their duration.
+MAX_CONCURRENT_FETCHES = 8
+_fetch_slots = threading.BoundedSemaphore(MAX_CONCURRENT_FETCHES)
 #: Largest image accepted (pixels): 64 MP, above the 48-50 MP of today's phone cameras; decoded RGB <= 192 MiB.
 MAX_IMAGE_PIXELS = 64_000_000
 #: Longest side / shortest side. LLaVA's CLIP resize scales the short side to 336 px, so 50:1 bounds its
@@ -49,7 +54,13 @@ def load_image_url(url: str, param: str, allow_local_files: bool = False,
             raise bad_request(f"remote image URLs are disabled on this server (start it with "
                               f"--allow-remote-images); send the image as a data: URL", param,
                               "remote_images_disabled")
-        data = _fetch(url, param, timeout_s)
+        if not _fetch_slots.acquire(blocking=False):
+            raise APIError(429, f"{MAX_CONCURRENT_FETCHES} remote image fetches are in progress; retry later or send "
+                                "the image as a data: URL", param, "too_many_remote_fetches")
+        try:
+            data = _fetch(url, param, timeout_s)
+        finally:
+            _fetch_slots.release()
     elif scheme in ("file", ""):
         if not allow_local_files:
             raise bad_request("local image paths are disabled on this server (start it with "

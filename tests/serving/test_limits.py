@@ -228,3 +228,19 @@ def test_port_in_use_is_one_line_and_exit_2(tiny_export):
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2, proc.stderr
     assert len(lines) == 1 and str(port) in lines[0] and "in use" in lines[0], lines
+
+
+def test_slow_fetches_cannot_take_every_thread(remote_server, image_host, demo_png):
+    """Item 12: 42 slow fetches blocked normal requests for 41 s. Now at most 8 fetches run at once (more get a
+    429 at once) and a data: URL request is answered meanwhile. Bounded: 20 fetches, 2 s each at most."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(20) as ex:
+        drips = [ex.submit(post, remote_server, body(b"", url=f"{image_host}/drip"), 30) for _ in range(20)]
+        time.sleep(0.5)
+        status, data, seconds = post(remote_server, body(demo_png), timeout=30)
+        results = [f.result(timeout=60) for f in drips]
+    assert status == 200, data
+    codes = [assert_openai_error(s, d)["code"] for s, d, _ in results]
+    assert codes.count("too_many_remote_fetches") >= 12 and set(codes) <= {"too_many_remote_fetches",
+                                                                             "image_fetch_failed"}
