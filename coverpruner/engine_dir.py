@@ -324,6 +324,7 @@ class IntegrityCheck:
             self._thread.start()
         else:
             self._check()
+            self.result()  # synchronous: a changed file raises here
 
     def _check(self) -> None:
         for path, expected in self._pending:
@@ -391,7 +392,7 @@ def load_manifest(path: str | os.PathLike, verify: bool = True) -> Manifest:
     root = Path(path)
     manifest = parse_manifest(root, read_raw(root))
     if verify:
-        verify_files(manifest)
+        verify_files(manifest).result()
     return manifest
 
 

@@ -85,3 +85,14 @@ def test_hand_edited_manifest_is_one_line_in_serve(engine_copy):
     assert proc.returncode == 2
     line = one_line(proc.stderr)
     assert "max_position_embeddings" in line
+
+
+def test_load_manifest_verify_catches_flipped_bytes_synchronously(engine_copy):
+    """engine_dir.load_manifest(verify=True) (coverpruner-build, the export checks) re-checks cached files at once."""
+    from coverpruner.engine_dir import load_manifest
+    from coverpruner.runtime import ManifestError
+
+    load_manifest(engine_copy)  # fills the cache
+    _flip_keeping_stat(engine_copy / "embed.onnx", 0.5)
+    with pytest.raises(ManifestError, match="embed.onnx: contents changed"):
+        load_manifest(engine_copy)
