@@ -206,7 +206,7 @@ def param_counts(layers: int = REAL_LAYERS) -> dict:
     import torch
     from transformers import LlavaForConditionalGeneration
 
-    from coverpruner.testing.checkpoints import build_config
+    from coverpruner.testing.llava_checkpoints import build_config
 
     cfg = build_config("llava-1.5-7b", 32000, 32001, 32002, layers)
     with torch.device("meta"):
@@ -355,7 +355,7 @@ def main() -> None:
     work = args.work
     ckpt = work / "ckpt"
     if not (ckpt / "config.json").is_file():
-        subprocess.run([sys.executable, "-m", "coverpruner.testing.checkpoints", "--preset", "llava-1.5-7b",
+        subprocess.run([sys.executable, "-m", "coverpruner.testing.cli", "--preset", "llava-1.5-7b",
                         "--layers", str(args.layers), "--output", str(ckpt)], check=True, cwd=ROOT)
     from coverpruner.engine_dir import read_if_present
 

@@ -1,10 +1,13 @@
-"""The errors every layer shares (export, engines, runtime); each message is one line naming the problem.
+"""The errors every layer shares; each message is one line naming the problem.
 
-The CLIs turn every ``CoverPrunerError`` into that one line on stderr and exit code 2. The runtime's
-other errors (ImageError, PromptError, OptionError) live in coverpruner.runtime.errors.
+The CLIs turn every ``CoverPrunerError`` into that one line on stderr and exit code 2; the server into a 4xx
+with OpenAI's error JSON. They live at the bottom of the layers so that images/, families/, export/, engines/
+and runtime/ raise the same classes; ``coverpruner.runtime`` re-exports them as part of its public API.
 """
 
 from __future__ import annotations
+
+__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "PromptError", "OptionError"]
 
 
 class CoverPrunerError(Exception):
@@ -13,3 +16,15 @@ class CoverPrunerError(Exception):
 
 class ManifestError(CoverPrunerError):
     """Missing directory or manifest, unknown format version, missing/invalid field, hash mismatch."""
+
+
+class ImageError(CoverPrunerError):
+    """Image file missing, unreadable or corrupt."""
+
+
+class PromptError(CoverPrunerError):
+    """Prompt does not fit the context window, or the chat template cannot hold it."""
+
+
+class OptionError(CoverPrunerError):
+    """Unknown method, provider, budget or sampling option."""

@@ -2,10 +2,11 @@
 
 * ``GraphSession``: one graph (vision, embed, probe, selector). onnxruntime.InferenceSession satisfies it
   as is; engines/trt_session.TrtSession implements it for native TensorRT engines.
-* ``DecoderLoop``: the decoder graph plus its KV cache for one request at a time. runtime/kv_cache.py's
-  DecoderSession (ORT IO binding) and engines/trt_session.TrtDecoderSession (cache on the GPU) implement it.
-  A GraphSession that brings its own loop offers ``decoder_loop(num_layers, num_kv_heads, head_dim,
-  vocab_size, dtype) -> DecoderLoop``; the runtime uses it instead of the ORT loop.
+* ``DecoderLoop``: the decoder graph plus its KV cache for one request at a time: reset, forward, and a
+  snapshot / restore of the cached prefix (what prefix reuse across requests builds on).
+  engines/ort_decoder.OrtDecoderSession (ORT IO binding) and engines/trt_session.TrtDecoderSession (cache on
+  the GPU) implement it. A GraphSession that brings its own loop offers ``decoder_loop(num_layers,
+  num_kv_heads, head_dim, vocab_size, dtype) -> DecoderLoop``; the runtime uses it instead of the ORT loop.
 * ``SessionFactory``: ``factory(graph_name, onnx_path) -> GraphSession`` (engines/ort.OrtSessionFactory,
   engines/trt_session.TrtSessionFactory), the ``session_factory`` hook of ``Pipeline.load``.
 
@@ -14,6 +15,7 @@ Tensor names are the engine dir's (coverpruner.engine_dir).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -29,10 +31,45 @@ class GraphSession(Protocol):
         """Input descriptors, each with ``.name`` (and ``.shape`` / ``.type`` where the backend has them)."""
 
 
+@dataclass(frozen=True)
+class KVSnapshot:
+    """A host copy of a decoder's cached prefix: the first ``length`` (P) tokens of every layer.
+
+    keys, values: one array per layer, each [1, H_kv, P, hd] in the cache's float dtype (C-contiguous, owned
+    by the snapshot: later forwards do not change it).
+    """
+
+    length: int
+    keys: tuple[np.ndarray, ...]
+    values: tuple[np.ndarray, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes held (what a bounded prefix cache counts)."""
+        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+
+
+def check_snapshot(snap: KVSnapshot, num_layers: int, num_kv_heads: int, head_dim: int, dtype: np.dtype,
+                   capacity: int) -> None:
+    """ValueError (one line) unless ``snap`` fits a cache of this geometry, dtype and capacity."""
+    want = (1, num_kv_heads, snap.length, head_dim)
+    if len(snap.keys) != num_layers or len(snap.values) != num_layers:
+        raise ValueError(f"KV snapshot has {len(snap.keys)} key / {len(snap.values)} value layers; "
+                         f"the decoder has {num_layers}")
+    for a in (*snap.keys, *snap.values):
+        if a.shape != want or a.dtype != dtype:
+            raise ValueError(f"KV snapshot array is {a.dtype} {list(a.shape)}; the cache takes {dtype} {list(want)}")
+    if snap.length > capacity:
+        raise ValueError(f"KV cache holds {capacity} tokens; the snapshot has {snap.length} (reset to a larger "
+                         "capacity first)")
+
+
 @runtime_checkable
 class DecoderLoop(Protocol):
     #: tokens already in the cache (P)
     length: int
+    #: tokens the buffers hold (set by reset)
+    capacity: int
 
     def reset(self, capacity: int) -> None:
         """Empty the cache and make room for ``capacity`` tokens (prompt + generated) of one request."""
@@ -40,6 +77,14 @@ class DecoderLoop(Protocol):
     def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
         """Append S tokens: inputs_embeds float [1, S, d] (graph float dtype), position_ids int64 [1, S] (rank 1)
         or [R, 1, S] (rank R, M-RoPE). Returns the last position's logits float [V] (valid until the next call)."""
+
+    def snapshot(self) -> KVSnapshot:
+        """A host copy of the cached prefix (its ``length`` tokens); the cache itself is unchanged."""
+
+    def restore(self, snapshot: KVSnapshot) -> None:
+        """Make the cache hold exactly the snapshot's prefix (length = snapshot.length); the next forward
+        continues after it as if those tokens had just been run. Keeps the capacity (``reset`` first to size
+        the buffers for the request); ValueError (one line) when the snapshot does not fit."""
 
 
 class SessionFactory(Protocol):

@@ -22,6 +22,7 @@ import numpy as np
 from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names, read_raw
 
 from .cudart import DeviceBuffer, Stream
+from .interfaces import KVSnapshot, check_snapshot
 from .tensorrt import (
     ENGINE_SUFFIX,
     EngineMismatchError,
@@ -235,11 +236,13 @@ def engine_path(engine_dir: str | Path, graph: str) -> Path:
 
 class TrtDecoderSession:
     """The decoder engine with its KV cache kept on the GPU: a `coverpruner.engines.interfaces.DecoderLoop`,
-    the TensorRT twin of the runtime's ORT DecoderSession.
+    the TensorRT twin of engines/ort_decoder.OrtDecoderSession.
 
     Each layer's key and value own two device buffers sized for the whole request; step t reads `past` from
     one and TensorRT writes `present` ([1, H_kv, P+S, hd], contiguous) straight into the other, so the cache
     never leaves the device. Only the new tokens' embeddings/positions go up and the logits row comes down.
+    The cached prefix is the first H_kv*P*hd elements of the current buffers: `snapshot` copies it to the host,
+    `restore` copies it back.
     """
 
     def __init__(self, session: TrtSession, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int,
@@ -254,6 +257,7 @@ class TrtDecoderSession:
         self._past, self._present = past_names(num_layers), present_names(num_layers)
         self.capacity = 0
         self.length = 0
+        self._cur = 0
         self._kv: list = []
         self._mask = DeviceBuffer()
         self._embeds, self._positions, self._logits_dev = DeviceBuffer(), DeviceBuffer(), DeviceBuffer()
@@ -304,3 +308,27 @@ class TrtDecoderSession:
         stream.synchronize()
         self._cur, self.length = dst, total
         return self._logits[0, -1]
+
+    def snapshot(self) -> KVSnapshot:
+        """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd] (P = length)."""
+        stream = self.session.stream
+        keys, values = [], []
+        for i in range(self.num_layers):
+            for j, out in enumerate((keys, values)):
+                arr = np.empty((1, self.h, self.length, self.hd), self.dtype)
+                if self.length:
+                    self._kv[i][j][self._cur].download(arr, stream)
+                out.append(arr)
+        stream.synchronize()
+        return KVSnapshot(self.length, tuple(keys), tuple(values))
+
+    def restore(self, snapshot: KVSnapshot) -> None:
+        """Upload the snapshot's prefix into the current buffers; the cache then holds snapshot.length tokens."""
+        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        stream = self.session.stream
+        if snapshot.length:
+            for i in range(self.num_layers):
+                for j, arrays in enumerate((snapshot.keys, snapshot.values)):
+                    self._kv[i][j][self._cur].upload(arrays[i], stream)
+        stream.synchronize()  # the host arrays may go away once restore returns
+        self.length = snapshot.length

@@ -12,8 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from coverpruner.export.exporter import DTYPES, GRAPHS, ExportOptions
+from coverpruner.export.exporter import FLOAT_DTYPES, GRAPHS, ExportOptions
 from coverpruner.export.resolve import MissingModelError, resolve_model
+from coverpruner.families import all_aliases
 
 
 def _graphs(text: str) -> tuple[str, ...]:
@@ -36,11 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Export a VLM checkpoint to ONNX graphs + manifest.json (offline).")
     src = p.add_argument_group("source and destination")
     src.add_argument("--model", default=None,
-                     help="alias (llava-1.5-7b, llava-1.5-13b), Hugging Face repo id (must be in the local HF "
+                     help=f"alias ({', '.join(all_aliases())}), Hugging Face repo id (must be in the local HF "
                           "cache) or a local checkpoint directory; required unless --quantize only quantizes DIR")
     src.add_argument("--output", required=True, type=Path, help="engine directory to write (created if needed)")
     g = p.add_argument_group("graphs")
-    g.add_argument("--dtype", choices=sorted(DTYPES), default="fp32",
+    g.add_argument("--dtype", choices=sorted(FLOAT_DTYPES), default="fp32",
                    help="float precision of weights and float tensors (relevance/softmax stay float32); default fp32")
     g.add_argument("--graphs", type=_graphs, default=GRAPHS,
                    help=f"comma-separated subset to (re-)export; default all: {','.join(GRAPHS)}")

@@ -21,12 +21,12 @@ from tqdm.auto import tqdm
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
-from coverpruner.export.onnx_io import ExportError, SavedGraph, export_graph, remove_graph_files, save_proto
+from coverpruner.export.graph_specs import graph_specs
+from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, export_graph, remove_graph_files,
+                                     save_proto)
 from coverpruner.families import family_for_model_type
 
-DTYPES = {"fp32": "float32", "fp16": "float16"}
-# Graphs whose weights exceed this go to external data in "auto" mode (protobuf's hard limit is 2 GiB).
-EXTERNAL_DATA_BYTES = 1 << 30
+FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
 
 
 @dataclass
@@ -83,7 +83,7 @@ def family_option_defaults(family, given: dict) -> dict:
 
 
 def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> SavedGraph:
-    from coverpruner.export.selector_graph import build_selector_model
+    from coverpruner.export.selector import build_selector_model
 
     try:
         model = build_selector_model(float_dtype=float_dtype, opset=opts.opset, form=opts.selector_form)
@@ -104,50 +104,30 @@ def _copy_support_files(family, model_dir: Path, out_dir: Path) -> tuple[list[st
     return tok, [f for f in copied if f not in tok]
 
 
-def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportOptions) -> ExportResult:
-    """Export `opts.graphs` of the checkpoint in `model_dir` into `output` and write manifest.json.
-
-    On a partial re-export (--graphs subset) the previous manifest's other graphs are kept when their
-    precision and source model match; stale files of re-exported graphs are deleted first.
-    """
-    import torch
-
-    import transformers
-
-    model_dir, output = Path(model_dir), Path(output)
+def _check_options(opts: ExportOptions) -> None:
     unknown = [g for g in opts.graphs if g not in GRAPHS]
     if unknown or not opts.graphs:
         raise ExportError(f"--graphs: unknown graph(s) {unknown}; expected a subset of {list(GRAPHS)}")
-    if opts.dtype not in DTYPES:
-        raise ExportError(f"--dtype: expected one of {list(DTYPES)}, got {opts.dtype!r}")
-    config = _read_config(model_dir)
-    family = family_for_model_type(config.model_type)
-    option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
-    output.mkdir(parents=True, exist_ok=True)
-    for g in opts.graphs:
-        remove_graph_files(output / f"{g}.onnx")
-    torch_dtype = getattr(torch, DTYPES[opts.dtype])
-    order = [g for g in GRAPHS if g in opts.graphs]
-    stages = ["load"] + order + ["manifest"]
-    bar = tqdm(total=len(stages), desc="export", unit="stage", disable=not opts.progress)
-    seconds: dict[str, float] = {}
-    entries: dict[str, dict] = {}
+    if opts.dtype not in FLOAT_DTYPES:
+        raise ExportError(f"--dtype: expected one of {list(FLOAT_DTYPES)}, got {opts.dtype!r}")
 
-    def stage(label: str):
-        bar.set_description(f"export: {label}")
 
-    stage("load model")
-    t0 = time.perf_counter()
-    model = family.load_model(model_dir, DTYPES[opts.dtype]) if set(order) - {"selector"} else None
-    seconds["load"] = time.perf_counter() - t0
-    bar.update()
-    # the family's graphs: module, example inputs, names and dynamic axes (contract.Family.export_specs)
-    specs = family.export_specs(model, config, torch_dtype) if model is not None else {}
+def _export_graphs(family, model, config, output: Path, order: list[str], opts: ExportOptions, bar,
+                   seconds: dict) -> dict[str, dict]:
+    """Write each graph of `order` (vision, embed, probe, decoder, selector) into `output`; {graph: manifest entry}.
+
+    Each spec is dropped after its graph is written (the parameters it references stay with the model)."""
+    import torch
+
+    torch_dtype = getattr(torch, FLOAT_DTYPES[opts.dtype])
+    # every graph's module, example inputs, names and dynamic axes (the family's parts and its vision spec)
+    specs = graph_specs(family, model, config, torch_dtype) if model is not None else {}
+    entries = {}
     for g in order:
-        stage(g)
+        bar.set_description(f"export: {g}")
         t0 = time.perf_counter()
         if g == "selector":
-            saved = _export_selector(output, opts, DTYPES[opts.dtype])
+            saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
         else:
             spec = specs.pop(g)
             saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
@@ -158,31 +138,70 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
         seconds[g] = time.perf_counter() - t0
         entries[g] = graph_entry(saved)
         bar.update()
+    return entries
 
-    stage("manifest")
+
+def _kept_from_previous(output: Path, opts: ExportOptions, source_model: str, entries: dict) -> tuple[dict, dict]:
+    """(graph entries, family files) of the previous manifest still valid for a partial re-export: same
+    precision and source model, graph file present, graph not re-exported now."""
     previous = read_if_present(output)
     same_model = bool(previous) and previous.get("precision") == opts.dtype and \
         previous.get("source_model") == source_model
-    files = previous.get("files", {}) if same_model else {}
-    if model is not None:  # family arrays (e.g. an image_newline vector) come from the weights
-        files = family_file_entries(output, family.write_files(model, output))
-    del model, specs
-    gc.collect()
-    tok_files, proc_files = _copy_support_files(family, model_dir, output)
-    if same_model:
-        for g, e in previous.get("graphs", {}).items():
-            if g not in entries and (output / e["file"]).is_file():
-                entries[g] = e
-    graphs = {g: entries[g] for g in GRAPHS if g in entries}
+    if not same_model:
+        return {}, {}
+    kept = {g: e for g, e in previous.get("graphs", {}).items() if g not in entries and (output / e["file"]).is_file()}
+    return kept, previous.get("files", {})
+
+
+def _versions(opset: int) -> dict:
     import onnx
     import onnxruntime
+    import torch
+    import transformers
 
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "opset": opset}
+
+
+def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportOptions) -> ExportResult:
+    """Export `opts.graphs` of the checkpoint in `model_dir` into `output` and write manifest.json.
+
+    Steps: check the options -> read the config and find the family -> delete stale files of the graphs to
+    re-export -> load the model once -> export each graph -> family files, support files -> manifest.
+    On a partial re-export (--graphs subset) the previous manifest's other graphs are kept when their
+    precision and source model match; stale files of re-exported graphs are deleted first.
+    """
+    model_dir, output = Path(model_dir), Path(output)
+    _check_options(opts)
+    config = _read_config(model_dir)
+    family = family_for_model_type(config.model_type)
+    option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
+    output.mkdir(parents=True, exist_ok=True)
+    for g in opts.graphs:
+        remove_graph_files(output / f"{g}.onnx")
+    order = [g for g in GRAPHS if g in opts.graphs]
+    bar = tqdm(total=len(order) + 2, desc="export", unit="stage", disable=not opts.progress)
+    seconds: dict[str, float] = {}
+
+    bar.set_description("export: load model")
+    t0 = time.perf_counter()
+    model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - {"selector"} else None
+    seconds["load"] = time.perf_counter() - t0
+    bar.update()
+    entries = _export_graphs(family, model, config, output, order, opts, bar, seconds)
+
+    bar.set_description("export: manifest")
+    kept, files = _kept_from_previous(output, opts, source_model, entries)
+    if model is not None:  # family arrays (e.g. an image_newline vector) come from the weights
+        files = family_file_entries(output, family.write_files(model, output))
+    del model
+    gc.collect()
+    tok_files, proc_files = _copy_support_files(family, model_dir, output)
+    graphs = {g: {**kept, **entries}[g] for g in GRAPHS if g in entries or g in kept}
     manifest = build_manifest(
         family=family, config=config, model_dir=model_dir, source_model=source_model, precision=opts.dtype,
         graphs=graphs, files=files, tokenizer_files=tok_files, processor_files=proc_files,
-        selector_form=opts.selector_form if "selector" in graphs else None,
-        versions={"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-                  "onnxruntime": onnxruntime.__version__, "opset": opts.opset},
+        selector_form=opts.selector_form if "selector" in graphs else None, versions=_versions(opts.opset),
     )
     manifest["options"] = {**manifest.get("options", {}), **option_defaults}
     write_manifest(output, manifest)

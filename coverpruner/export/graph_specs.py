@@ -1,7 +1,7 @@
-"""Example inputs, tensor names and dynamic axes of the graphs every family shares (embed, probe, decoder).
+"""Example inputs, tensor names and dynamic axes of every graph: `graph_specs` = the three every family shares
+(embed, probe, decoder; `text_graph_specs`) + the family's own vision graph (`Family.export_specs`).
 
-A family's `export_specs` calls `text_graph_specs` for these three and adds its own vision graph. The only
-family-dependent parts are the torch modules it hands over (embedding table, layer-0 probe parts, decoder
+The only family-dependent parts of the shared three are the torch modules it hands over (embedding table, layer-0 probe parts, decoder
 stack, lm_head) and the position rank R: position_ids are [B, S] for R = 1 and [R, B, S] for R = 3 (M-RoPE).
 Example sizes are >= 2 on every dynamic axis so torch.export does not specialise them to 0/1. Import
 requires torch.
@@ -75,3 +75,11 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers)],
                                   [LOGITS, *present_names(layers)], shapes)
     return specs
+
+
+def graph_specs(family, model, config, dtype) -> dict[str, ExportSpec]:
+    """ExportSpec of vision, embed, probe and decoder: the family's parts wrapped here (position rank, dims and
+    probe example from the family, contract.Family) plus the family's own vision spec."""
+    specs = text_graph_specs(family, model, family.dims(config), dtype, rank=family.position_rank,
+                             num_visual=family.probe_example_visual(config))
+    return {**family.export_specs(model, config, dtype), **specs}

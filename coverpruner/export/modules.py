@@ -1,6 +1,7 @@
 """torch modules that wrap HF parts into the graph contracts of docs/engine-dir.md.
 
-Each wrapper holds references to the family adapter's HF submodules (no copies of weights) and does
+The text graphs' wrappers (the vision wrappers are the families': families/hf_graphs.py and each family
+package's own). Each wrapper holds references to the family adapter's HF submodules (no copies of weights) and does
 only the glue: tensor names, shapes and the flat KV-cache interface. Import requires torch.
 """
 
@@ -8,17 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-
-
-class VisionGraph(nn.Module):
-    """pixel_values float [B,3,H,W] -> image_features float [B,n,d] (vision tower, feature layer, projector)."""
-
-    def __init__(self, family, model):
-        super().__init__()
-        self.family, self.model = family, model
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.family.image_features(self.model, pixel_values)
 
 
 class EmbedGraph(nn.Module):

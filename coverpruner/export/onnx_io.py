@@ -18,6 +18,9 @@ import onnx
 
 # onnxruntime >= 1.18 loads IR version 10; newer onnx packages stamp newer IR versions by default.
 MAX_IR_VERSION = 10
+# Graphs whose weights exceed this keep them in <graph>.onnx.data in "auto" mode (export and quantization);
+# protobuf's hard limit is 2 GiB.
+EXTERNAL_DATA_BYTES = 1 << 30
 _ONNX_DTYPES = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16",
                 onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32", onnx.TensorProto.BOOL: "bool"}
 

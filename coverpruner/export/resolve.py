@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from coverpruner.families import resolve_alias
+from coverpruner.families import all_aliases, resolve_alias
 
 
 class MissingModelError(RuntimeError):
@@ -66,7 +66,7 @@ def resolve_model(spec: str, cache_dir: str | None = None) -> tuple[Path, str]:
             f"at {cache} (offline mode, nothing is downloaded). {_download_hint(repo_id)}") from exc
     except Exception as exc:  # e.g. an invalid repo id string
         raise MissingModelError(f"--model {spec}: not a local directory, alias or valid Hugging Face repo id "
-                                f"({exc}). Known aliases: llava-1.5-7b, llava-1.5-13b.") from exc
+                                f"({exc}). Known aliases: {', '.join(all_aliases())}.") from exc
     problem = _weights_problem(snapshot)
     if problem:
         raise MissingModelError(f"The cached snapshot of {repo_id!r}{alias_note} is incomplete: {problem}. "

@@ -20,27 +20,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from coverpruner.export.selector_io import selector_inputs, selector_outputs
 from coverpruner.selection.coverage import EPS32, NORM_EPS
-
-FORMS = ("loop", "plugin")
-_FLOAT_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
-
-
-def selector_inputs(float_dtype: str) -> list[onnx.ValueInfoProto]:
-    """The selector contract's inputs (docs/engine-dir.md), shared by the loop and plugin forms."""
-    if float_dtype not in _FLOAT_TYPES:
-        raise ValueError(f"float_dtype must be one of {sorted(_FLOAT_TYPES)}, got {float_dtype!r}")
-    return [
-        helper.make_tensor_value_info("image_features", _FLOAT_TYPES[float_dtype], ["n", "d"]),
-        helper.make_tensor_value_info("relevance", TensorProto.FLOAT, ["n"]),
-        helper.make_tensor_value_info("budget", TensorProto.INT64, []),
-        helper.make_tensor_value_info("tau", TensorProto.FLOAT, []),
-    ]
-
-
-def selector_outputs() -> list[onnx.ValueInfoProto]:
-    return [helper.make_tensor_value_info("keep", TensorProto.INT64, ["m"])]
-
 
 def _const(name: str, value, dtype=None) -> onnx.NodeProto:
     arr = np.asarray(value, dtype=dtype)
@@ -186,15 +167,3 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
     model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
     onnx.checker.check_model(model)
     return model
-
-
-def build_selector_model(float_dtype: str = "float32", opset: int = 17, form: str = "loop") -> onnx.ModelProto:
-    """selector.onnx in the requested form: "loop" (standard ops, default) or "plugin" (one custom node that
-    TensorRT resolves to the CoverageSelector plugin)."""
-    if form == "loop":
-        return build_selector_loop_model(float_dtype, opset)
-    if form == "plugin":
-        from .selector_plugin import build_selector_plugin_model
-
-        return build_selector_plugin_model(float_dtype=float_dtype, opset=opset)
-    raise ValueError(f"selector form must be one of {FORMS}, got {form!r}")

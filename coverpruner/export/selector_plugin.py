@@ -19,7 +19,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from .selector_graph import selector_inputs, selector_outputs
+from coverpruner.export.selector_io import selector_inputs, selector_outputs
 
 # Must equal kPluginName / kPluginVersion / kPluginNamespace / kOnnxDomain in selector_plugin_core.h
 # (tests/engines/test_selector_plugin_model.py reads the header and compares).

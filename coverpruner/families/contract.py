@@ -1,8 +1,10 @@
-"""The family contract (v2): what export, engines and runtime ask a model family, typed.
+"""The family contract (v3): what export, engines and runtime ask a model family, typed.
 
-A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one module with a class satisfying `Family`; its
-`runtime(manifest)` returns a `FamilyRuntime` bound to one engine dir. Nothing outside families/ tests
-which family it runs. One request, as the runtime drives it (shapes for batch 1):
+A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one package under families/ with a class satisfying
+`Family`, registered by one `FamilyEntry` in families/__init__.py; its `runtime(manifest)` returns a
+`FamilyRuntime` bound to one engine dir. Nothing outside families/ tests which family it runs. Most
+families build on the shared Hugging Face base, families/hf.py (`HFFamily`, `HFRuntime`); no family
+imports another family. One request, as the runtime drives it (shapes for batch 1):
 
     image  --prepare_image-->  VisionInputs: feeds for vision.onnx, n, picture geometry, private facts
     vision.onnx outputs  --image_span-->  ImageSpan: rows [S, d] of the image span, candidates [n] among them
@@ -15,6 +17,15 @@ which family it runs. One request, as the runtime drives it (shapes for batch 1)
     decode: the t-th generated token sits at decode_position(t) -> int64 [R]
 
 Family modules import torch/transformers only inside export-time methods: the runtime imports them.
+
+The export split (families never import export/; export/ asks the family):
+  * the family hands over parts: `embed_tokens`, `probe_parts` (ProbeParts), `language_model`, `lm_head`, its
+    `position_rank` and `dims`, and `probe_example_visual` (an example visual-column count);
+    export/graph_specs.py wraps them into the embed, probe and decoder graphs (export/modules.py) itself;
+  * the family's own graph, vision, is built by the family: `export_specs` returns {"vision": ExportSpec} with
+    a torch wrapper that lives in families/ (families/hf_graphs.py's `VisionGraph` over `image_features`, or
+    a package's own graphs module, e.g. families/qwen2_5_vl/graphs.py), imported lazily inside the method;
+  * `manifest_fields` and `write_files` give the family's part of the engine dir.
 """
 
 from __future__ import annotations
@@ -123,6 +134,27 @@ class NativeLayout:
 
 
 @dataclass
+class ProbeParts:
+    """Layer-0 pieces the probe graph needs (torch modules / callables from the HF model).
+
+    norm: layer-0 input RMSNorm, [.., d] -> [.., d]; q_proj: [.., d] -> [.., H*hd]; k_proj: [.., d] -> [.., Hkv*hd];
+    rotary(x, position_ids) -> (cos, sin) [1,L,hd] in x.dtype for the probe's position_ids ([1,L], or [R,1,L]
+    for an M-RoPE family, which mixes its sections here); apply_rope(q, k, cos, sin) -> (q, k) for
+    [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
+    """
+
+    norm: Any
+    q_proj: Any
+    k_proj: Any
+    rotary: Any
+    apply_rope: Any
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scaling: float
+
+
+@dataclass
 class ExportSpec:
     """How to export one graph: the torch module, example inputs, tensor names and dynamic axes.
 
@@ -174,13 +206,14 @@ class FamilyRuntime(Protocol):
 
 @runtime_checkable
 class Family(Protocol):
-    """A model family adapter (one per module in families/, registered in families/__init__.py)."""
+    """A model family adapter (one package in families/, registered by one FamilyEntry in families/__init__.py,
+    which also holds its HF model types and aliases)."""
 
-    name: str  # manifest "family"
-    model_types: tuple[str, ...]  # HF config.model_type values it handles
-    aliases: dict[str, str]  # short name -> HF repo id
+    name: str  # manifest "family" (= its registry key)
     support_files: tuple[str, ...]  # checkpoint files copied into the engine dir (tokenizer, processor, ...)
     request_options: tuple[RequestOption, ...]
+    #: R: position_ids of embed/probe/decoder are [B, S] for R = 1 and [R, B, S] for R = 3 (M-RoPE)
+    position_rank: int
 
     # -- run time (torch-free) -----------------------------------------------------------------
     def runtime(self, manifest) -> FamilyRuntime:
@@ -191,13 +224,35 @@ class Family(Protocol):
     def load_model(self, model_dir, dtype: str = "float32"):
         """The HF model in eval mode, eager attention, loaded straight into ``dtype`` ('float32'|'float16')."""
 
+    def dims(self, config) -> dict:
+        """The manifest dims: at least hidden_size, num_layers, num_heads, num_kv_heads, head_dim, vocab_size."""
+
+    def image_features(self, model, *vision_inputs):
+        """The vision graph's computation (torch): vision inputs -> image_features (the projector's output)."""
+
+    def embed_tokens(self, model):
+        """nn.Embedding: input_ids int64 [B,S] -> inputs_embeds [B,S,d]."""
+
+    def probe_parts(self, model) -> ProbeParts:
+        """Layer 0's pieces for export/modules.ProbeGraph."""
+
+    def language_model(self, model):
+        """The decoder stack: inputs_embeds [B,S,d], position_ids [B,S] or [R,B,S] -> last_hidden_state."""
+
+    def lm_head(self, model):
+        """nn.Linear: hidden [.., d] -> logits [.., vocab]."""
+
+    def probe_example_visual(self, config) -> int:
+        """Visual-column count of the probe graph's example inputs (any n >= 2; the axis stays dynamic)."""
+
     def manifest_fields(self, config, model_dir) -> dict:
         """The family's part of manifest.json: dims, visual {max_visual_tokens, position_rank, position_mode},
         token_ids, chat_template, layout, processor, options (request-option defaults), axes ({symbolic axis:
         [min, opt, max]} for TensorRT profiles of family-defined axes)."""
 
     def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
-        """ExportSpec for each of vision, embed, probe, decoder (torch dtype ``dtype``)."""
+        """{"vision": ExportSpec} (torch dtype ``dtype``): the family's own graph with its torch wrapper.
+        embed/probe/decoder are built by export/graph_specs.py from the parts above."""
 
     def write_files(self, model, out_dir) -> dict[str, str]:
         """Extra arrays the runtime needs (e.g. LLaVA-NeXT's image_newline vector): writes them into out_dir

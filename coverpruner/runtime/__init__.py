@@ -6,6 +6,7 @@ Never imports torch or transformers' modeling code.
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.pipeline import METHODS, Pipeline, TextStream
 from coverpruner.runtime.result import GenerationResult
+from coverpruner.runtime.stages import Request
 
-__all__ = ["Pipeline", "TextStream", "GenerationResult", "METHODS", "CoverPrunerError", "ManifestError",
+__all__ = ["Pipeline", "TextStream", "GenerationResult", "Request", "METHODS", "CoverPrunerError", "ManifestError",
            "ImageError", "PromptError", "OptionError"]

@@ -11,6 +11,10 @@ Everything family-specific is asked of the family runtime (coverpruner.families.
     text + kept rows (+ the family's always-kept rows) in native order [L',d], family.pruned_positions
     -> decoder prefill -> logits -> sample -> decode loop at family.decode_position(t)
 
+The request loop is four named stages, each callable alone (gpt-fast's prefill / decode_one_token in spirit):
+``request`` (validated options) -> ``native_sequence`` -> ``select`` -> ``prefill`` -> ``decode`` (one token);
+``generate`` / ``stream`` compose them. runtime/stages.py types what each stage hands to the next.
+
 This module never imports torch or transformers' modeling code.
 """
 
@@ -26,13 +30,14 @@ from coverpruner.engine_dir import (REQUIRED_GRAPHS, IntegrityCheck, Manifest, g
                                     position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
+from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
-from coverpruner.runtime.kv_cache import DecoderSession
 # parse_budget is also imported from here by the CLIs and the server
 from coverpruner.runtime.options import check_bool, check_max_new_tokens, check_seed, check_tau, parse_budget
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
+from coverpruner.runtime.stages import DecodeState, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
 from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
 
@@ -109,7 +114,8 @@ class Pipeline:
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
         try:
             self.decoder = (own_loop(*dims, self.float_dtype) if own_loop is not None
-                            else DecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider)))
+                            else OrtDecoderSession(sessions["decoder"], *dims, self.float_dtype,
+                                                   device_type(provider)))
         except ValueError as exc:  # dims.num_layers / num_kv_heads / head_dim disagree with the decoder graph
             raise ManifestError(f"{manifest.root / 'manifest.json'}: dims (num_layers {dims[0]}, num_kv_heads "
                                 f"{dims[1]}, head_dim {dims[2]}) disagree with the decoder graph: "
@@ -227,8 +233,19 @@ class Pipeline:
 
         Options are validated here, before any work, so bad options fail at the call.
         """
+        request = self.request(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
+                               ignore_eos, **options)
+        return TextStream(self._checked(self._generate(request)))
+
+    def request(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
+                max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                seed: int | None = None, ignore_eos: bool = False, **options) -> Request:
+        """generate's arguments -> a validated Request (the input of the stages below). OptionError (one
+        line) for a bad option or a prompt that cannot fit the context (known from its length, before tokenizing);
+        the image and the tokenized prompt are checked by native_sequence."""
         budget_n = parse_budget(budget)
-        select = _selector(method) if budget_n is not None else None
+        if budget_n is not None:
+            _selector(method)  # an unknown method fails here, not halfway through the request
         if not isinstance(prompt, str):
             raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
         if not self.encoder.fits(prompt, self.max_positions):
@@ -236,12 +253,10 @@ class Pipeline:
                               f"{self.max_positions} tokens")
         tau = check_tau(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
-        seed = check_seed(seed)
-        sampling = SamplingConfig(temperature, top_p, seed)
-        stop_ids = set() if check_bool("ignore_eos", ignore_eos) else self.eos_ids
-        family_options = self.resolve_options(options)
-        return TextStream(self._checked(self._run(image, prompt, budget_n, method, select, tau, max_new_tokens,
-                                                  sampling, seed, stop_ids, family_options)))
+        sampling = SamplingConfig(temperature, top_p, check_seed(seed))
+        stop_ids = frozenset() if check_bool("ignore_eos", ignore_eos) else frozenset(self.eos_ids)
+        return Request(image, prompt, budget_n, method, tau, max_new_tokens, sampling, stop_ids,
+                       self.resolve_options(options))
 
     def _verified(self) -> None:
         """Wait for the background file check (first request only); ManifestError if a file changed."""
@@ -296,89 +311,122 @@ class Pipeline:
         except ValueError as exc:  # the graph's outputs disagree with the manifest
             raise ManifestError(f"{self.manifest.root / 'manifest.json'}: {str(exc).splitlines()[0]}") from None
 
-    def _run(self, image, prompt, budget, method, select, tau, max_new_tokens, sampling, seed, stop_ids, options):
-        fam = self.family_runtime
-        times = dict.fromkeys(TIMING_KEYS, 0.0)
-        t_start = t = time.perf_counter()
-        if not isinstance(prompt, str) or not prompt.strip():
+    # -- one request, stage by stage (runtime/stages.py holds what they pass on) --------------
+    def native_sequence(self, request: Request) -> NativeSequence:
+        """Image -> family preprocessing -> vision -> image span -> layout (after the image: S is per request)
+        -> embeds [L,d] (text ids embedded, image rows in place) -> native positions [R,L].
+        Timings: preprocess (image, chat template, tokenization), vision, embed. PromptError / ImageError
+        (one line) on bad input."""
+        t = time.perf_counter()
+        if not isinstance(request.prompt, str) or not request.prompt.strip():
             raise PromptError("prompt is empty")
-        vision = self._prepare(image, options)
-        times["preprocess"], t = time.perf_counter() - t, time.perf_counter()
+        vision = self._prepare(request.image, request.options)
+        times = {"preprocess": time.perf_counter() - t}
+        t = time.perf_counter()
+        span = self._image_span(self.vision(vision.feeds), vision, request.options)
+        times["vision"] = time.perf_counter() - t
 
-        span = self._image_span(self.vision(vision.feeds), vision, options)
-        n, num_rows = len(span.candidates), len(span.rows)
-        times["vision"], t = time.perf_counter() - t, time.perf_counter()
-
-        t0 = time.perf_counter()
-        enc = self.encoder.encode(prompt, num_rows)
-        L = len(enc.input_ids)
+        t = time.perf_counter()
+        num_rows = len(span.rows)
+        layout = self.encoder.encode(request.prompt, num_rows)
+        L = len(layout.input_ids)
         if L >= self.max_positions:
             raise PromptError(f"prompt is {L} tokens including {num_rows} image tokens; the context allows "
                               f"{self.max_positions - 1} before the first answer token")
-        native = np.asarray(fam.native_positions(enc, vision), dtype=np.int64)  # [R,L]
-        times["preprocess"] += time.perf_counter() - t0
+        positions = np.asarray(self.family_runtime.native_positions(layout, vision), dtype=np.int64)  # [R,L]
+        times["preprocess"] += time.perf_counter() - t
+
         t = time.perf_counter()
-
         is_text = np.ones(L, dtype=bool)
-        is_text[enc.visual_positions] = False
+        is_text[layout.visual_positions] = False
         embeds = np.empty((L, span.rows.shape[1]), dtype=self.float_dtype)
-        embeds[is_text] = self.embed(enc.input_ids[is_text])
-        embeds[enc.visual_positions] = span.rows
-        times["embed"], t = time.perf_counter() - t, time.perf_counter()
+        embeds[is_text] = self.embed(layout.input_ids[is_text])
+        embeds[layout.visual_positions] = span.rows
+        times["embed"] = time.perf_counter() - t
+        return NativeSequence(vision, span, layout, embeds, positions, times)
 
-        feats = span.features  # V [n,d]
-        candidate_pos = enc.visual_positions[span.candidates]
+    def select(self, request: Request, native: NativeSequence) -> Selection:
+        """Layer-0 demand from the probe (only for methods that read it) + the selector over V = rows[candidates]
+        -> keep [m] ascending, m = min(budget, n). Budget "full" keeps everything and runs neither.
+        Timings: probe, select (the stages that ran)."""
+        span, n, times = native.span, native.num_candidates, {}
+        if request.budget is None:
+            return Selection(np.arange(n, dtype=np.int64), None, np.arange(len(span.rows), dtype=np.int64), times)
+        t = time.perf_counter()
         relevance = None
-        if budget is not None and method in _USES_RELEVANCE:
-            relevance = self.relevance(embeds, native, candidate_pos, enc.instruction_positions)
+        if request.method in _USES_RELEVANCE:
+            relevance = self.relevance(native.embeds, native.positions, native.candidate_positions,
+                                       native.layout.instruction_positions)
             times["probe"], t = time.perf_counter() - t, time.perf_counter()
-
-        if budget is None:
-            keep = np.arange(n, dtype=np.int64)
-        elif method == "coverpruner" and self.selector_for(n) == "onnx":
-            keep = self.select_onnx(feats, relevance, budget, tau)
-            times["select"], t = time.perf_counter() - t, time.perf_counter()
+        feats = span.features  # V [n,d]
+        if request.method == "coverpruner" and self.selector_for(n) == "onnx":
+            keep = self.select_onnx(feats, relevance, request.budget, request.tau)
         else:
             # selectors ignore options they do not use (tau: coverpruner, seed: random)
-            keep = np.asarray(select(feats.astype(np.float32), relevance=relevance, budget=budget, tau=tau,
-                                     seed=seed), dtype=np.int64)
-            times["select"], t = time.perf_counter() - t, time.perf_counter()
+            keep = np.asarray(_selector(request.method)(feats.astype(np.float32), relevance=relevance,
+                                                        budget=request.budget, tau=request.tau, seed=request.seed),
+                              dtype=np.int64)
+        # the kept candidates and the family's always-kept rows (e.g. LLaVA-NeXT's newlines with "keep")
+        kept_rows = np.union1d(span.candidates[keep], span.always_kept).astype(np.int64)
+        times["select"] = time.perf_counter() - t
+        return Selection(keep, relevance, kept_rows, times)
 
-        # Pruned sequence: all text tokens plus the kept image rows, in native order. Budget "full" keeps
-        # every image row (the unpruned model), otherwise the kept candidates and the family's always-kept rows.
-        if budget is None:
-            kept_rows = np.arange(num_rows, dtype=np.int64)
-        else:
-            kept_rows = np.union1d(span.candidates[keep], span.always_kept).astype(np.int64)
-        rows = np.sort(np.concatenate([np.flatnonzero(is_text), enc.visual_positions[kept_rows]]))
-        seq = embeds[rows]
-        positions = np.asarray(fam.pruned_positions(native, rows), dtype=np.int64)  # [R,L']
-        rank = fam.position_rank
-        first = int(np.max(fam.decode_position(native, positions, 0)))
-        steps = min(max_new_tokens, self.max_positions - first)
+    def prefill(self, request: Request, native: NativeSequence, selection: Selection) -> Prefill:
+        """Pruned sequence (all text tokens + the kept image rows, native order) [L',d] at the family's pruned
+        positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate) -> first logits.
+        Timing: prefill (the caller adds choosing the first token)."""
+        t = time.perf_counter()
+        fam = self.family_runtime
+        rows = np.sort(np.concatenate([np.flatnonzero(native.is_text),
+                                       native.layout.visual_positions[selection.kept_rows]]))
+        positions = np.asarray(fam.pruned_positions(native.positions, rows), dtype=np.int64)  # [R,L']
+        first = int(np.max(fam.decode_position(native.positions, positions, 0)))
+        steps = min(request.max_new_tokens, self.max_positions - first)
         self.decoder.reset(len(rows) + steps)
-        logits = self.decoder.forward(seq[None], position_ids_input(positions, rank))
-        sampler = Sampler(sampling)
-        token = sampler(logits)
-        self._verified()
-        times["prefill"], t = time.perf_counter() - t, time.perf_counter()
+        logits = self.decoder.forward(native.embeds[rows][None], position_ids_input(positions, fam.position_rank))
+        self._verified()  # no answer leaves before the background file check has passed (first request only)
+        state = DecodeState(native.positions, positions, steps,
+                            "length" if steps == request.max_new_tokens else "context")
+        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t})
 
-        stream = StreamDecoder(self.encoder)
-        tokens = [token]
-        finish = "length" if steps == max_new_tokens else "context"
+    def decode(self, state: DecodeState, token: int) -> np.ndarray:
+        """One decode step: feed ``token`` (generated token number state.step) at the family's decode position,
+        advance state.step -> logits float [V] of the next token (valid until the next decoder call)."""
+        fam = self.family_runtime
+        emb = self.embed(np.array([token], dtype=np.int64))
+        pos = np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64)[:, None]
+        logits = self.decoder.forward(emb[None], position_ids_input(pos, fam.position_rank))
+        state.step += 1
+        return logits
+
+    def _generate(self, request: Request):
+        """native_sequence -> select -> prefill -> decode until a stop id or the limit; yields text pieces and
+        returns the GenerationResult."""
+        t_start = time.perf_counter()
+        native = self.native_sequence(request)
+        selection = self.select(request, native)
+        prefill = self.prefill(request, native, selection)
+        t = time.perf_counter()
+        sampler = Sampler(request.sampling)
+        token = sampler(prefill.logits)
+        times = dict.fromkeys(TIMING_KEYS, 0.0)
+        for stage in (native, selection, prefill):
+            times.update(stage.timings)
+        times["prefill"] += time.perf_counter() - t  # the first token comes with the prefill
+        t = time.perf_counter()
+
+        state, stream, tokens = prefill.state, StreamDecoder(self.encoder), [token]
+        finish = state.limit
         while True:
-            if token in stop_ids:
+            if token in request.stop_ids:
                 finish = "eos"
                 break
             piece = stream.push(token)
             if piece:
                 yield piece
-            if len(tokens) >= steps:
+            if len(tokens) >= state.max_tokens:
                 break
-            emb = self.embed(np.array([token], dtype=np.int64))
-            pos = np.asarray(fam.decode_position(native, positions, len(tokens) - 1), dtype=np.int64)[:, None]
-            logits = self.decoder.forward(emb[None], position_ids_input(pos, rank))
-            token = sampler(logits)
+            token = sampler(self.decode(state, token))
             tokens.append(token)
         piece = stream.flush()
         if piece:
@@ -386,6 +434,7 @@ class Pipeline:
         times["decode"] = time.perf_counter() - t
         times["total"] = time.perf_counter() - t_start
         return GenerationResult(
-            text=stream.emitted, token_ids=tokens, kept_indices=keep, relevance=relevance, timings=times,
-            num_visual_tokens=n, prompt_tokens=L, prefill_tokens=len(rows), budget=budget, method=method,
-            finish_reason=finish, panels=vision.panels, options=options)
+            text=stream.emitted, token_ids=tokens, kept_indices=selection.keep, relevance=selection.relevance,
+            timings=times, num_visual_tokens=native.num_candidates, prompt_tokens=native.length,
+            prefill_tokens=prefill.length, budget=request.budget, method=request.method, finish_reason=finish,
+            panels=native.vision.panels, options=request.options)

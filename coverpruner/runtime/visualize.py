@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from coverpruner.runtime.preprocess import to_rgb, load_image
+from coverpruner.images import load_image, to_rgb
 
 _OUTLINE = (255, 215, 0)
 _PAD_COLOR = 96  # grey where a box extends past the image (padding the model saw)

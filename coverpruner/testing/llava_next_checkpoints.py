@@ -19,34 +19,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coverpruner.testing.checkpoints import (
-    LLAVA_HF_CHAT_TEMPLATE,
-    PRESETS,
-    Preset,
-    _default_dtype,
-    _randomize,
-    fast_tokenizer,
-    tower_configs,
-)
+from coverpruner.testing.common import default_dtype, fast_tokenizer, randomize
+from coverpruner.testing.llava_checkpoints import LLAVA_HF_CHAT_TEMPLATE, tower_configs
+from coverpruner.testing.presets import presets_of
 from coverpruner.testing.tokenizer import train_tokenizer
 
-# llava-v1.6 pinpoints, (height, width) in pixels, as multiples of the tile size.
-_V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
-
-NEXT_PRESETS: dict[str, Preset] = {
-    # LLaVA-1.5's tiny model with 84-px tiles (6 x 6 patches), so a 2x2 grid stays small.
-    "llava-next-tiny": Preset(
-        vision={**PRESETS["tiny"].vision, "image_size": 84}, text=PRESETS["tiny"].text,
-        tokenizer_vocab=PRESETS["tiny"].tokenizer_vocab, dtype="float32", init_range=PRESETS["tiny"].init_range,
-        extra=dict(grids=_V16_GRIDS),
-    ),
-    # llava-v1.6-vicuna-7b has llava-1.5-7b's widths (CLIP ViT-L/14-336 + vicuna-7b); only the anyres grid differs.
-    "llava-next-7b": Preset(
-        vision=PRESETS["llava-1.5-7b"].vision, text=PRESETS["llava-1.5-7b"].text, tokenizer_vocab=1000,
-        dtype="float16", init_range=0.02, extra=dict(grids=_V16_GRIDS),
-    ),
-}
-
+NEXT_PRESETS = presets_of("llava_next")  # testing/presets.py's LLaVA-NeXT rows
 
 def pinpoints(preset: str) -> list[list[int]]:
     """image_grid_pinpoints of `preset`: [[height, width], ...] in pixels."""
@@ -107,9 +85,9 @@ def write_next_checkpoint(output: str | Path, preset: str = "llava-next-tiny", l
     config = build_next_config(preset, tok.token_to_id("<image>"), tok.token_to_id("<pad>"), tok.get_vocab_size(),
                                layers, vision_layers)
     out.mkdir(parents=True, exist_ok=True)
-    with _default_dtype(getattr(torch, p.dtype)), torch.no_grad():
+    with default_dtype(getattr(torch, p.dtype)), torch.no_grad():
         model = LlavaNextForConditionalGeneration(config)
-        _randomize(model, p.init_range)
+        randomize(model, p.init_range)
     model.save_pretrained(out)
     del model
     v = config.vision_config

@@ -8,7 +8,7 @@ backend) and the chat template published with Qwen/Qwen2.5-VL-*-Instruct, so tha
 load the directory like a hub checkpoint. (`AutoProcessor` would also build the video processor, which
 needs torchvision; nothing here or in the runtime depends on it.)
 
-Presets:
+Presets (testing/presets.py):
   qwen2.5-vl-tiny  vision: hidden 64, 4 heads, depth 4, full-attention blocks (1, 3), window 84 px = 3x3
                    merged patches (smaller than every test grid and not dividing most of them, so window
                    padding matters); text: hidden 64, 4 heads / 2 kv heads (GQA), q/k/v bias, head_dim 16,
@@ -20,8 +20,13 @@ Presets:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
+
+from coverpruner.testing.common import default_dtype, randomize, round_up
+from coverpruner.testing.presets import QwenPreset, presets_of
+from coverpruner.testing.tokenizer import corpus
+
+QWEN_PRESETS = presets_of("qwen2_5_vl")  # testing/presets.py's Qwen2.5-VL rows
 
 # The chat template published with Qwen/Qwen2.5-VL-7B-Instruct (default system turn, ChatML, vision markers).
 QWEN2_5_VL_CHAT_TEMPLATE = (
@@ -41,45 +46,6 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|
                  "<|image_pad|>", "<|video_pad|>"]
 
 
-@dataclass(frozen=True)
-class QwenPreset:
-    """Shapes of one random checkpoint: Qwen2_5_VLVisionConfig / Qwen2_5_VLTextConfig kwargs, pixel limits."""
-
-    vision: dict
-    text: dict
-    min_pixels: int
-    max_pixels: int
-    dtype: str
-    init_range: float
-    vision_layers: int | None = None
-
-
-QWEN_PRESETS: dict[str, QwenPreset] = {
-    "qwen2.5-vl-tiny": QwenPreset(
-        vision=dict(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64,
-                    window_size=84, fullatt_block_indexes=[1, 3], patch_size=14, spatial_merge_size=2,
-                    temporal_patch_size=2, tokens_per_second=2, hidden_act="silu"),
-        text=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
-                  # theta 1e4 (not the real 1e6) so that every rotary pair turns noticeably over a few
-                  # hundred positions and wrong positions change the answer.
-                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
-        min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 160, dtype="float32",
-        # 0.2: at 0.1 the 64-wide model falls into repeating one token; 0.2 gives varied greedy answers.
-        init_range=0.2,
-    ),
-    "qwen2.5-vl-7b": QwenPreset(
-        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
-                    window_size=112, fullatt_block_indexes=[7, 15, 23, 31], patch_size=14, spatial_merge_size=2,
-                    temporal_patch_size=2, tokens_per_second=2, hidden_act="silu"),
-        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                  num_key_value_heads=4, max_position_embeddings=128000, rms_norm_eps=1e-6, vocab_size=152064,
-                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
-        min_pixels=56 * 56, max_pixels=28 * 28 * 16384, dtype="float16", init_range=0.02, vision_layers=4,
-    ),
-}
-
-
 def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces.
 
@@ -87,7 +53,6 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-    from coverpruner.testing.tokenizer import _corpus
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
@@ -96,7 +61,7 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
-    tok.train_from_iterator(chat + _corpus(seed), trainer=trainer)
+    tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
     return tok
 
@@ -125,15 +90,13 @@ def build_qwen_config(preset_name: str, tokenizer, layers: int | None = None):
     """Qwen2_5_VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
     from transformers import Qwen2_5_VLConfig
 
-    from coverpruner.testing.checkpoints import _round_up
-
     p = QWEN_PRESETS[preset_name]
     text = dict(p.text)
     if layers is not None:
         if layers < 1:
             raise ValueError(f"--layers must be >= 1, got {layers}")
         text["num_hidden_layers"] = layers
-    text.setdefault("vocab_size", _round_up(tokenizer.get_vocab_size(), 64))
+    text.setdefault("vocab_size", round_up(tokenizer.get_vocab_size(), 64))
     vision = dict(p.vision)
     if p.vision_layers is not None:
         vision["depth"] = p.vision_layers
@@ -161,8 +124,6 @@ def write_qwen_checkpoint(output: str | Path, preset: str = "qwen2.5-vl-tiny", l
     import torch
     from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
 
-    from coverpruner.testing.checkpoints import _default_dtype, _randomize
-
     if preset not in QWEN_PRESETS:
         raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(QWEN_PRESETS)}")
     p = QWEN_PRESETS[preset]
@@ -171,9 +132,9 @@ def write_qwen_checkpoint(output: str | Path, preset: str = "qwen2.5-vl-tiny", l
     tok = train_qwen_tokenizer(seed=seed)
     config = build_qwen_config(preset, tok, layers)
     out.mkdir(parents=True, exist_ok=True)
-    with _default_dtype(getattr(torch, p.dtype)), torch.no_grad():
+    with default_dtype(getattr(torch, p.dtype)), torch.no_grad():
         model = Qwen2_5_VLForConditionalGeneration(config)
-        _randomize(model, p.init_range)
+        randomize(model, p.init_range)
     # The published generation_config (greedy via top_k=1 with a repetition penalty).
     model.generation_config = GenerationConfig(
         bos_token_id=config.text_config.bos_token_id, pad_token_id=config.text_config.pad_token_id,

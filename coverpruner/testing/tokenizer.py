@@ -26,7 +26,7 @@ _WORDS = (
 ).split()
 
 
-def _corpus(seed: int, lines: int = 4000) -> list[str]:
+def corpus(seed: int, lines: int = 4000) -> list[str]:
     """Deterministic English-like lines, including chat-template pieces, so merges look realistic."""
     rng = random.Random(seed)
     # The chat-template words appear often so they become single pieces, as in a real vocabulary.
@@ -58,7 +58,7 @@ def train_tokenizer(vocab_size: int = 1000, seed: int = 0):
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=SPECIAL_BASE, show_progress=False, initial_alphabet=["\n", "▁"]
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_ADDED])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(

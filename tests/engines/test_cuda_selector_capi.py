@@ -61,8 +61,20 @@ def test_too_small_workspace_is_reported(selector):
 
 
 def test_trivial_budgets_need_no_workspace(selector):
-    # budget 0 writes nothing and launches nothing: OK even without a GPU
-    selector.raw_select(0, CP_DTYPE_FLOAT32, None, 1, 16, 8, 0, 0.3, 0, None, 0)
+    # budget 0 (or an empty batch / no tokens) writes nothing and launches nothing: status OK with NULL features,
+    # keep and workspace, even without a GPU
+    lib = selector.lib
+    for batch, n, budget in ((1, 16, 0), (0, 16, 4), (1, 0, 4)):
+        status = lib.cp_coverage_select(0, CP_DTYPE_FLOAT32, None, batch, n, 8, budget, None, 0.3, None, 0, None,
+                                        None, 0, None, None)
+        assert status == 0, (batch, n, budget, lib.cp_last_error().decode())
+    selector.raw_select(0, CP_DTYPE_FLOAT32, None, 1, 16, 8, 0, 0.3, 0, None, 0)  # the wrapper agrees: no raise
+    # the short cut is taken only for those budgets: budget >= n still writes keep (so it must be given), and a
+    # real budget validates its pointers before any launch
+    with pytest.raises(CudaSelectorError, match=r"CP_ERR_INVALID_ARGUMENT.*keep must be a non-NULL"):
+        selector.raw_select(0, CP_DTYPE_FLOAT32, None, 1, 16, 8, 16, 0.3, 0, None, 0)
+    with pytest.raises(CudaSelectorError, match=r"CP_ERR_INVALID_ARGUMENT.*non-NULL"):
+        selector.raw_select(0, CP_DTYPE_FLOAT32, None, 1, 16, 8, 4, 0.3, 0, None, 0)
 
 
 @pytest.mark.skipif(GPU_AVAILABLE, reason="checks the error path of a machine without a CUDA GPU")

@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto
 
 from coverpruner.engines.native_build import CSRC_DIR
-from coverpruner.export.selector_graph import build_selector_model
+from coverpruner.export.selector import build_selector_model
 from coverpruner.export.selector_plugin import (
     PLUGIN_DOMAIN,
     PLUGIN_NAMESPACE,

@@ -169,3 +169,50 @@ def test_pipeline_on_engines_answers_like_onnxruntime(built_dir, trt_module):
         got = pipe.generate(image, "What is shown?", budget=16, max_new_tokens=8, ignore_eos=True)
         np.testing.assert_array_equal(got.kept_indices, want.kept_indices)
         assert got.token_ids == want.token_ids
+
+
+def test_decoder_snapshot_restore_continues_like_the_uninterrupted_run(built_dir, trt_module):
+    """snapshot() of the GPU cache holds ORT's present.* for the prefix; restore() into the same session after
+    other work, and into a second session with larger buffers, decodes like the uninterrupted run."""
+    from coverpruner.engines.interfaces import DecoderLoop
+    from coverpruner.engines.trt_session import TrtDecoderSession, TrtSessionFactory
+
+    manifest = json.loads((built_dir / "manifest.json").read_text())
+    dims = manifest["dims"]
+    layers, h, hd, hidden = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"], dims["hidden_size"]
+    factory = TrtSessionFactory(built_dir, trt_module)
+    dec = TrtDecoderSession(factory("decoder"), layers, h, hd, dims["vocab_size"])
+    assert isinstance(dec, DecoderLoop)
+    rng = np.random.default_rng(4)
+    embeds = rng.standard_normal((1, 34, hidden)).astype(np.float32)
+    pos = np.arange(34, dtype=np.int64)[None]
+    dec.reset(64)
+    dec.forward(embeds[:, :30], pos[:, :30])
+    dec.forward(embeds[:, 30:31], pos[:, 30:31])  # an odd step count leaves the prefix in the second buffer
+    snap = dec.snapshot()
+    want = np.stack([dec.forward(embeds[:, t:t + 1], pos[:, t:t + 1]).copy() for t in range(31, 34)])
+
+    ref = ort.InferenceSession(str(built_dir / manifest["graphs"]["decoder"]["file"]),
+                               providers=["CPUExecutionProvider"])
+    empty = {f"past_key_values.{i}.{kv}": np.zeros((1, h, 0, hd), np.float32)
+             for i in range(layers) for kv in ("key", "value")}
+    names = [o.name for o in ref.get_outputs()]
+    outs = dict(zip(names, ref.run(names, {"inputs_embeds": embeds[:, :31], "position_ids": pos[:, :31],
+                                           "attention_mask": np.ones((1, 31), np.int64), **empty})))
+    assert snap.length == 31
+    for i in range(layers):  # the engine-vs-ORT tolerance of test_engine_matches_onnxruntime
+        np.testing.assert_allclose(snap.keys[i], outs[f"present.{i}.key"], rtol=2e-3, atol=2e-4)
+        np.testing.assert_allclose(snap.values[i], outs[f"present.{i}.value"], rtol=2e-3, atol=2e-4)
+
+    dec.reset(64)
+    dec.forward(embeds[:, ::-1].copy(), pos)  # other work overwrites both buffers
+    dec.reset(64)
+    other = TrtDecoderSession(factory("decoder"), layers, h, hd, dims["vocab_size"])
+    other.reset(128)
+    for loop in (dec, other):
+        loop.restore(snap)
+        got = np.stack([loop.forward(embeds[:, t:t + 1], pos[:, t:t + 1]).copy() for t in range(31, 34)])
+        # same engine, same inputs and past values; the tolerance only allows for reductions TensorRT may
+        # schedule differently between runs, while a lost or misplaced prefix moves the logits by O(1)
+        np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-4)
+        assert loop.length == 34

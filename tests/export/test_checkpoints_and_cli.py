@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coverpruner.export.cli import main as export_main
-from coverpruner.testing.checkpoints import main as make_checkpoint_main
+from coverpruner.testing.cli import main as make_checkpoint_main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,7 @@ def test_make_checkpoint_cli_layers_and_seed(tmp_path):
 def test_llava_7b_preset_has_the_real_widths():
     """The latency preset matches llava-hf/llava-1.5-7b-hf's shapes (config only; no weights written)."""
     from coverpruner.families import get_family
-    from coverpruner.testing.checkpoints import build_config
+    from coverpruner.testing.llava_checkpoints import build_config
 
     cfg = build_config("llava-1.5-7b", image_token_id=32000, pad_token_id=32001, tokenizer_size=1002, layers=2)
     t, v = cfg.text_config, cfg.vision_config
@@ -149,8 +149,8 @@ def test_option_defaults_are_checked_then_recorded(tiny_checkpoint, tmp_path, ca
                    "takes none"]
     assert not out.exists()
 
-    monkeypatch.setitem(families._ADAPTERS, "llava_mirror", "tests.runtime.test_family_options:MirrorFamily")
-    monkeypatch.setitem(families._MODEL_TYPES, "llava", "llava_mirror")
+    monkeypatch.setitem(families.FAMILIES, "llava_mirror", families.FamilyEntry("tests.runtime.test_family_options:MirrorFamily", ("llava",)))
+    monkeypatch.setitem(families.FAMILIES, "llava", families.FAMILIES["llava_mirror"])
     families.get_family.cache_clear()
     try:
         assert export_main(["--model", str(tiny_checkpoint), "--output", str(out), "--graphs", "embed",

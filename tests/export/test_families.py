@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from coverpruner.families import family_for_model_type, family_names, get_family, resolve_alias
-from coverpruner.families.base import (
+from coverpruner.families.hf import (
     instruction_positions_from_offsets,
     render_chat_template,
     render_image_prompt,
     tokenize_layout,
 )
 from coverpruner.families.contract import Family, FamilyRuntime, NativeLayout
-from tests.export.conftest import PROMPT, family_runtime
+from tests.families.llava.fixtures import PROMPT, family_runtime
 
 
 def test_family_modules_import_without_torch():
-    code = ("import sys; import coverpruner.families as f; from coverpruner.families.base import render_image_prompt; "
+    code = ("import sys; import coverpruner.families as f; from coverpruner.families.hf import render_image_prompt; "
             "[f.get_family(n) for n in f.family_names()]; f.request_options(); "
             "render_image_prompt('USER: <image>\\n{{ messages[0][\"content\"][1][\"text\"] }} ASSISTANT:', 'hi', "
             "'<image>', 3); "
@@ -119,7 +119,7 @@ def test_manifest_fields_of_llava(tiny_checkpoint):
 @pytest.mark.parametrize("size", [(200, 240), (500, 120), (60, 90)])
 def test_llava_prepare_image_equals_hf_and_gives_crop_geometry(hf_processor, tiny_checkpoint, size):
     """pixel_values as the HF processor's; the panel's box is the center crop in original-image pixels."""
-    from tests.export.conftest import sample_image
+    from tests.families.llava.fixtures import sample_image
 
     image = sample_image(seed=1, size=size)
     vision = family_runtime(tiny_checkpoint).prepare_image(image, {})
@@ -147,8 +147,8 @@ def test_every_registered_family_meets_the_contract(name):
 def test_crop_box_with_pad_to_square():
     """do_pad (LLaVA's 'pad' aspect mode): a 200 x 100 image is padded to a 200 x 200 square (50 px above and
     below), resized to 168 and kept whole, so the grid covers y -50..150 of the original."""
-    from coverpruner.families.llava import crop_box
-    from coverpruner.runtime.preprocess import ImageSettings
+    from coverpruner.families.clip import crop_box
+    from coverpruner.families.clip import ImageSettings
 
     s = ImageSettings(shortest_edge=168, crop_height=168, crop_width=168, do_pad=True)
     np.testing.assert_allclose(crop_box(200, 100, s), (0, -50, 200, 150))

@@ -11,7 +11,7 @@ import pytest
 from coverpruner.export.exporter import ExportOptions, export_model
 from coverpruner.export.onnx_io import ExportError
 from coverpruner.filehash import sha256_file
-from tests.export.conftest import ort_session
+from tests.families.llava.fixtures import ort_session
 
 pytestmark = pytest.mark.slow
 

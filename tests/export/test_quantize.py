@@ -14,7 +14,7 @@ from onnx import numpy_helper
 
 from coverpruner.export.quant import QuantOptions, quantize_engine_dir
 from coverpruner.export.quant.compare import logit_agreement, teacher_forced_logits
-from tests.export.conftest import PROMPT, sample_image
+from tests.families.llava.fixtures import PROMPT, sample_image
 
 FORMS = [("ort", "int4"), ("ort", "int8"), ("qdq", "int4"), ("qdq", "int8")]
 

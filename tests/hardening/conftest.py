@@ -1,5 +1,5 @@
-"""Hardening fixtures: the demo image, a private copy of the session's tiny engine dir (for tests that change
-files in it), and a helper that runs a CLI's ``main`` and returns (exit code, stdout, stderr)."""
+"""Hardening fixtures: a private copy of the session's tiny engine dir (for tests that change files in it),
+and a helper that runs a CLI's ``main`` and returns (exit code, stdout, stderr)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def demo_image() -> Path:
-    from importlib.resources import files
-
-    return Path(str(files("coverpruner") / "assets" / "demo.png"))
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Runtime test fixtures on top of the session-wide tiny checkpoint / engine dir (tests/conftest.py)."""
+"""Runtime test fixtures on the session-wide tiny LLaVA engine dir (tests/families/llava/fixtures.py)."""
 
 import shutil
 
@@ -12,23 +12,7 @@ def pipe(tiny_export):
     return Pipeline.load(tiny_export, provider="cpu", threads=1)
 
 
-@pytest.fixture(scope="module")
-def hf(tiny_checkpoint):
-    """(LlavaForConditionalGeneration with eager attention, its HF processor)."""
-    transformers = pytest.importorskip("transformers")
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(
-        str(tiny_checkpoint), attn_implementation="eager").eval()
-    return model, transformers.AutoProcessor.from_pretrained(str(tiny_checkpoint))
-
-
 @pytest.fixture
 def engine_copy(tiny_export, tmp_path):
     """A private copy of the engine dir that a test may corrupt."""
     return shutil.copytree(tiny_export, tmp_path / "engine")
-
-
-@pytest.fixture(scope="session")
-def demo_image():
-    from importlib.resources import files
-
-    return files("coverpruner") / "assets" / "demo.png"

@@ -38,7 +38,7 @@ class MirrorFamily(LlavaFamily):
 def mirror_dir(tiny_export, tmp_path, monkeypatch):
     import coverpruner.families as families
 
-    monkeypatch.setitem(families._ADAPTERS, "llava_mirror", f"{__name__}:MirrorFamily")
+    monkeypatch.setitem(families.FAMILIES, "llava_mirror", families.FamilyEntry(f"{__name__}:MirrorFamily", ("llava",)))
     families.get_family.cache_clear()
     d = shutil.copytree(tiny_export, tmp_path / "mirror")
     m = json.loads((d / "manifest.json").read_text())

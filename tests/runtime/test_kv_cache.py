@@ -3,7 +3,7 @@
 import numpy as np
 import onnxruntime as ort
 
-from coverpruner.runtime.kv_cache import DecoderSession
+from coverpruner.engines.ort_decoder import OrtDecoderSession
 from tests.runtime import fake_decoder
 
 
@@ -11,7 +11,7 @@ def test_incremental_decode_matches_full_recompute(tmp_path):
     layers, d, heads, hd, vocab = 2, 8, 2, 4, 11
     w = fake_decoder.build(tmp_path / "dec.onnx", layers, d, heads, hd, vocab)
     sess = ort.InferenceSession(str(tmp_path / "dec.onnx"), providers=["CPUExecutionProvider"])
-    dec = DecoderSession(sess, layers, heads, hd, vocab)
+    dec = OrtDecoderSession(sess, layers, heads, hd, vocab)
     rng = np.random.default_rng(1)
     for capacity, prompt_len, steps in ((9, 5, 4), (30, 3, 6)):  # second request reuses the buffers
         dec.reset(capacity)
@@ -30,7 +30,7 @@ def test_incremental_decode_matches_full_recompute(tmp_path):
 def test_capacity_overflow_is_a_clear_error(tmp_path):
     fake_decoder.build(tmp_path / "dec.onnx", 1, 8, 2, 4, 11)
     sess = ort.InferenceSession(str(tmp_path / "dec.onnx"), providers=["CPUExecutionProvider"])
-    dec = DecoderSession(sess, 1, 2, 4, 11)
+    dec = OrtDecoderSession(sess, 1, 2, 4, 11)
     dec.reset(2)
     dec.forward(np.zeros((1, 2, 8), np.float32), np.zeros((1, 2), np.int64))
     try:

@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from coverpruner.runtime.errors import ImageError
-from coverpruner.runtime.preprocess import ImageSettings, preprocess_image
+from coverpruner.families.clip import ImageSettings, preprocess_image
 
 from .bad_images import bad_images
 

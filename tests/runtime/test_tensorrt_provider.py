@@ -10,7 +10,7 @@ from coverpruner.engines.ort import OrtSessionFactory
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.cli import main
 from coverpruner.runtime.errors import OptionError
-from coverpruner.runtime.kv_cache import DecoderSession
+from coverpruner.engines.ort_decoder import OrtDecoderSession
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +37,7 @@ def test_engines_built_by_another_tensorrt_version_are_refused(engine_copy, demo
 
 def test_cpu_provider_ignores_recorded_engines(engine_copy):
     _record_foreign_engines(engine_copy)
-    assert Pipeline.load(engine_copy, provider="cpu").decoder.__class__ is DecoderSession
+    assert Pipeline.load(engine_copy, provider="cpu").decoder.__class__ is OrtDecoderSession
 
 
 class _OwnLoopSession:
@@ -51,7 +51,7 @@ class _OwnLoopSession:
 
     def decoder_loop(self, *dims_and_dtype):
         self.calls.append(dims_and_dtype)
-        return DecoderSession(self.session, *dims_and_dtype)
+        return OrtDecoderSession(self.session, *dims_and_dtype)
 
 
 def test_pipeline_uses_a_sessions_own_decoder_loop(tiny_export, demo_image, pipe):

@@ -11,7 +11,7 @@ from coverpruner.runtime.errors import PromptError
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
 
 transformers = pytest.importorskip("transformers")
-from coverpruner.testing.checkpoints import LLAVA_HF_CHAT_TEMPLATE, build_processor  # noqa: E402
+from coverpruner.testing.llava_checkpoints import LLAVA_HF_CHAT_TEMPLATE, build_processor  # noqa: E402
 from coverpruner.testing.tokenizer import train_tokenizer  # noqa: E402
 
 PROMPTS = ["What is shown in this image?", "  How many red cars are there?\nAnswer with one word. ",

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from coverpruner.export.selector_graph import build_selector_model
+from coverpruner.export.selector import build_selector_model
 from ..literal_selection import assert_same_or_not_worse, near_tie_case
 from .conftest import make_case
 

@@ -1,9 +1,9 @@
 """Weight-only INT4/INT8 quantization of an engine dir: ONNX Runtime form (MatMulNBits) and TensorRT form
-(block-wise DequantizeLinear + MatMul). See engine_dir.py and docs/quantization.md."""
+(block-wise DequantizeLinear + MatMul). See quantize_dir.py and docs/quantization.md."""
 
-from coverpruner.export.quant.engine_dir import (
+from coverpruner.export.quant.quantize_dir import (
     BLOCK_SIZES,
-    DTYPES,
+    WEIGHT_BITS,
     FORMATS,
     QUANT_GRAPHS,
     QuantizeError,
@@ -13,5 +13,5 @@ from coverpruner.export.quant.engine_dir import (
     quantized_ops,
 )
 
-__all__ = ["BLOCK_SIZES", "DTYPES", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
+__all__ = ["BLOCK_SIZES", "WEIGHT_BITS", "FORMATS", "QUANT_GRAPHS", "QuantOptions", "QuantResult", "QuantizeError",
            "quantize_engine_dir", "quantized_ops"]

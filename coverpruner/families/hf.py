@@ -1,0 +1,270 @@
+"""The shared Hugging Face base of every family: what LLaVA-1.5, LLaVA-NeXT and Qwen2.5-VL have in common.
+
+Export time (`HFFamily`): the chat template shipped with the checkpoint, loading the
+``*ForConditionalGeneration`` model (eager attention, straight into the target dtype), where the token table,
+the decoder stack, the LM head and layer 0's probe parts sit, the decoder dims and token ids, and the manifest
+fields every family records. Run time (`HFRuntime`, numpy only): the facts read from the manifest and the
+chat-template layout (jinja2 rendering with transformers' ``{% generation %}`` tag, placeholder expansion,
+tokenization into a NativeLayout); `CompactPositions`, the LLaVA families' position scheme. CLIP's mean/std
+(the default of every processor here) are written once, below.
+
+What a family provides is typed in coverpruner.families.contract (Family, FamilyRuntime). Importing this module
+does not import torch or transformers; the export-time methods import them inside their bodies.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from coverpruner.families.contract import NativeLayout, ProbeParts
+
+# OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+PROMPT_SENTINEL = "\u2063COVERPRUNER_PROMPT\u2063"  # invisible separator chars: never in real prompts
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """Chat-template output with image placeholders already expanded.
+
+    text: the full prompt string fed to the tokenizer.
+    prompt_span: [start, end) character span of the user's prompt text inside `text`.
+    """
+
+    text: str
+    prompt_span: tuple[int, int]
+
+
+
+def render_chat_template(chat_template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """Render an HF chat template with jinja2 the way transformers does (trim/lstrip blocks, sandbox).
+
+    The `{% generation %}` block tag (transformers' assistant-mask extension) is accepted and renders
+    its body unchanged, so llava-hf templates work without transformers.
+    """
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    def _raise(message):
+        raise ValueError(f"chat template raised: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation,
+                                                                                       "jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise
+    return env.from_string(chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+
+
+def instruction_positions_from_offsets(offsets: list[tuple[int, int]], span: tuple[int, int]) -> np.ndarray:
+    """Indices of tokens whose non-empty character span [a, b) overlaps `span` (design rule). int64 [T]."""
+    start, end = span
+    hits = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+    return np.asarray(hits, dtype=np.int64)
+
+
+def render_image_prompt(chat_template: str, prompt: str, image_token: str, num_image_rows: int) -> RenderedPrompt:
+    """Apply the chat template to one user turn (image, then text) and expand the image token to
+    ``num_image_rows`` copies, as the HF processors do before tokenizing.
+
+    Returns the text the tokenizer sees and the character span of ``prompt`` inside it. ValueError (one
+    line) when the prompt holds the image token or the template does not render each exactly once.
+    """
+    if image_token in prompt:
+        raise ValueError(f"the prompt must not contain the image token {image_token!r}; the image is "
+                         "placed by the chat template")
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_SENTINEL}]}]
+    text = render_chat_template(chat_template, messages, add_generation_prompt=True)
+    if text.count(PROMPT_SENTINEL) != 1 or text.count(image_token) != 1:
+        raise ValueError("chat template must render the prompt and the image placeholder exactly once; got "
+                         f"{text!r}")
+    text = text.replace(image_token, image_token * num_image_rows)
+    start = text.index(PROMPT_SENTINEL)
+    return RenderedPrompt(text.replace(PROMPT_SENTINEL, prompt), (start, start + len(prompt)))
+
+
+def tokenize_layout(tokenizer, rendered: RenderedPrompt, image_token_id: int, num_image_rows: int) -> NativeLayout:
+    """Tokenize ``rendered`` with a `tokenizers.Tokenizer` (BOS from its post-processor, as HF does).
+
+    visual_positions: the image-token ids' indices (must be ``num_image_rows`` of them); instruction
+    positions: tokens whose non-empty offsets overlap the prompt span, image tokens excluded. ValueError
+    (one line) on a count mismatch or an empty instruction.
+    """
+    enc = tokenizer.encode(rendered.text)
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
+    if visual.size != num_image_rows:
+        raise ValueError(f"tokenized prompt has {visual.size} image tokens (id {image_token_id}), expected "
+                         f"{num_image_rows}")
+    instr = instruction_positions_from_offsets(enc.offsets, rendered.prompt_span)
+    instr = instr[~np.isin(instr, visual)]
+    if instr.size == 0:
+        raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
+    return NativeLayout(ids, visual, instr, rendered.text)
+
+
+class CompactPositions:
+    """Position scheme of the LLaVA families (rank 1): native 0..L-1; a pruned sequence is re-packed
+    0..L'-1; the t-th generated token sits at L' + t."""
+
+    position_rank = 1
+
+    def native_positions(self, layout: NativeLayout, vision=None) -> np.ndarray:
+        """int64 [1, L] = 0..L-1."""
+        return np.arange(len(layout.input_ids), dtype=np.int64)[None, :]
+
+    def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """int64 [1, L'] = 0..L'-1 for the L' kept rows."""
+        return np.arange(len(rows), dtype=np.int64)[None, :]
+
+    def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
+        """int64 [1] = L' + step."""
+        return np.array([pruned.shape[1] + step], dtype=np.int64)
+
+
+def text_dims(text_config) -> dict:
+    """The decoder dims every family records in the manifest, from an HF text config (attributes only)."""
+    t = text_config
+    head_dim = getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads
+    return {
+        "hidden_size": t.hidden_size, "num_layers": t.num_hidden_layers, "num_heads": t.num_attention_heads,
+        "num_kv_heads": t.num_key_value_heads, "head_dim": head_dim, "vocab_size": t.vocab_size,
+        "max_position_embeddings": t.max_position_embeddings,
+    }
+
+
+def chat_template(model_dir: Path) -> str:
+    """The chat template shipped with an HF checkpoint (chat_template.jinja, else a "chat_template" field of
+    chat_template.json / processor_config.json / tokenizer_config.json). FileNotFoundError if none."""
+    d = Path(model_dir)
+    if (d / "chat_template.jinja").is_file():
+        return (d / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
+        f = d / name
+        if f.is_file():
+            tpl = json.loads(f.read_text()).get("chat_template")
+            if isinstance(tpl, str):
+                return tpl
+    raise FileNotFoundError(f"{d}: no chat template found (looked for chat_template.jinja, chat_template.json, "
+                            "processor_config.json and tokenizer_config.json 'chat_template')")
+
+
+def chat_layout(image_token: str, expand_image_token: str, bos: str, position_ids: str) -> dict:
+    """The manifest's `layout` block: one user turn (image, then the prompt) through the chat template."""
+    return {
+        "image_token": image_token,
+        "image_placement": "chat-template",  # one {"type": "image"} content item before the text
+        "messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "{prompt}"}]}],
+        "add_generation_prompt": True,
+        "expand_image_token": expand_image_token,
+        "bos": bos,
+        "instruction_tokens": "offsets-overlap-prompt-span",
+        "position_ids": position_ids,
+    }
+
+
+class HFFamily:
+    """Export-time base of an adapter for an HF ``*ForConditionalGeneration`` checkpoint (contract.Family).
+
+    A subclass sets `name`, `model_class` (the transformers class name), `image_token`, `position_rank`,
+    `support_files`, `request_options` and writes its manifest fields, vision spec and run time.
+    """
+
+    model_class: str = ""
+    image_token: str = ""
+    position_rank = 1
+    request_options = ()
+    # Files copied next to the graphs so the runtime can tokenize / preprocess without the checkpoint.
+    support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                     "preprocessor_config.json", "processor_config.json", "chat_template.jinja",
+                     "chat_template.json", "generation_config.json")
+
+    # ------------------------------------------------------------------ checkpoint facts (no torch)
+    def chat_template(self, model_dir: Path) -> str:
+        return chat_template(model_dir)
+
+    def token_ids(self, config, model_dir: Path | None = None) -> dict:
+        t = config.text_config
+        return {"image_token_id": int(config.image_token_id), "bos_token_id": t.bos_token_id,
+                "eos_token_id": t.eos_token_id, "pad_token_id": t.pad_token_id}
+
+    def family_fields(self, config, model_dir: Path, *, dims: dict, visual: dict, layout: dict, processor: dict,
+                      options: dict, axes: dict) -> dict:
+        """contract.Family.manifest_fields from the family's own parts; token ids and the chat template are
+        read the same way for every HF checkpoint."""
+        return {"dims": dims, "visual": visual, "token_ids": self.token_ids(config, model_dir),
+                "chat_template": self.chat_template(model_dir), "layout": layout, "processor": processor,
+                "options": options, "axes": axes}
+
+    # ------------------------------------------------------------------ export time (torch)
+    def load_model(self, model_dir: Path, dtype: str = "float32"):
+        """The `model_class` model in eval mode with eager attention (plain MatMul/Softmax in ONNX, and the
+        float32 softmax upcast for fp16), loaded straight into `dtype` to bound RAM."""
+        import torch
+        import transformers
+
+        cls = getattr(transformers, self.model_class)
+        model = cls.from_pretrained(str(model_dir), dtype=getattr(torch, dtype), attn_implementation="eager",
+                                    low_cpu_mem_usage=True)
+        return model.eval()
+
+    def embed_tokens(self, model):
+        """nn.Embedding: input_ids int64 [B,S] -> inputs_embeds [B,S,d]."""
+        return model.get_input_embeddings()
+
+    def language_model(self, model):
+        """The decoder stack (e.g. LlamaModel; Qwen2_5_VLTextModel takes position_ids [3, B, S]):
+        inputs_embeds -> last_hidden_state (final norm applied)."""
+        return model.model.language_model
+
+    def lm_head(self, model):
+        return model.lm_head
+
+    def apply_rope(self):
+        """HF's apply_rotary_pos_emb for this decoder (Llama's by default)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+        return apply_rotary_pos_emb
+
+    def probe_parts(self, model) -> ProbeParts:
+        """Layer 0's input norm, q/k projections, the decoder's rotary module and head counts."""
+        lm = self.language_model(model)
+        attn = lm.layers[0].self_attn
+        cfg = lm.config
+        return ProbeParts(
+            norm=lm.layers[0].input_layernorm, q_proj=attn.q_proj, k_proj=attn.k_proj, rotary=lm.rotary_emb,
+            apply_rope=self.apply_rope(), num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads, head_dim=attn.head_dim, scaling=attn.scaling,
+        )
+
+    def write_files(self, model, out_dir: Path) -> dict[str, str]:
+        return {}  # by default the graphs and the support files are all the runtime needs
+
+
+class HFRuntime:
+    """Run-time base (numpy only) bound to one engine dir: the manifest facts every family reads and the
+    chat-template layout of one user turn with `image_token` expanded to the image's rows."""
+
+    image_token: str = ""
+
+    def __init__(self, manifest):
+        self.chat_template = manifest.chat_template
+        self.image_token_id = int(manifest.token_ids["image_token_id"])
+        self.float_dtype = np.dtype(manifest.float_dtype)
+
+    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
+        rendered = render_image_prompt(self.chat_template, prompt, self.image_token, num_image_rows)
+        return tokenize_layout(tokenizer, rendered, self.image_token_id, num_image_rows)

@@ -1,0 +1,114 @@
+"""The one table of random-checkpoint presets: name -> the shapes of one checkpoint and its model family.
+
+Presets:
+  tiny             LLaVA-1.5: CLIP 168px/14 (144 patches + CLS; "default" drops CLS -> 144 visual tokens), Llama
+                   with grouped-query attention (4 heads, 2 kv heads), hidden 64; for tests and demos (seconds).
+  llava-1.5-7b     real widths (CLIP ViT-L/14-336, hidden 4096, 32 heads, intermediate 11008, vocab 32064),
+                   fp16 weights; for latency and memory work (use --layers 2).
+  llava-next-tiny  LLaVA-NeXT: the tiny widths with 84-px tiles (6 x 6 patches) and llava-v1.6's pinpoints.
+  llava-next-7b    llava-v1.6-vicuna-7b widths (CLIP-L/336 + vicuna-7b, 672-px pinpoints).
+  qwen2.5-vl-tiny  Qwen2.5-VL: a 64-wide window-attention ViT and Qwen2 decoder with M-RoPE.
+  qwen2.5-vl-7b    Qwen2.5-VL-7B-Instruct widths.
+Each family's writer (testing/<family>_checkpoints.py) turns a preset into an HF checkpoint directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Shapes of one random checkpoint. `vision`/`text` are CLIPVisionConfig/LlamaConfig kwargs."""
+
+    vision: dict
+    text: dict
+    tokenizer_vocab: int
+    dtype: str  # torch dtype name the weights are created and saved in
+    init_range: float
+    extra: dict = field(default_factory=dict)
+    family: str = "llava"  # the registry name of the model family the checkpoint belongs to
+
+
+@dataclass(frozen=True)
+class QwenPreset:
+    """Shapes of one random checkpoint: Qwen2_5_VLVisionConfig / Qwen2_5_VLTextConfig kwargs, pixel limits."""
+
+    vision: dict
+    text: dict
+    min_pixels: int
+    max_pixels: int
+    dtype: str
+    init_range: float
+    vision_layers: int | None = None
+    family: str = "qwen2_5_vl"
+
+
+# ---------------------------------------------------------------------------------------------- LLaVA-1.5
+_TINY = Preset(
+    vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                image_size=168, patch_size=14, projection_dim=64, hidden_act="quick_gelu"),
+    text=dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=1024, rms_norm_eps=1e-5),
+    tokenizer_vocab=1000,
+    dtype="float32",
+    # Wider than HF's 0.02 so attention maps and greedy tokens are far from uniform / constant.
+    init_range=0.1,
+)
+_LLAVA_7B = Preset(
+    vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                image_size=336, patch_size=14, projection_dim=768, hidden_act="quick_gelu",
+                layer_norm_eps=1e-5),
+    text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+              num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5, vocab_size=32064),
+    tokenizer_vocab=1000,
+    dtype="float16",
+    init_range=0.02,
+)
+
+
+
+# llava-v1.6 pinpoints, (height, width) in pixels, as multiples of the tile size.
+_V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
+
+PRESETS: dict[str, Preset | QwenPreset] = {
+    "tiny": _TINY,
+    "llava-1.5-7b": _LLAVA_7B,
+    # LLaVA-1.5's tiny model with 84-px tiles (6 x 6 patches), so a 2x2 grid stays small.
+    "llava-next-tiny": Preset(
+        vision={**_TINY.vision, "image_size": 84}, text=_TINY.text, tokenizer_vocab=_TINY.tokenizer_vocab,
+        dtype="float32", init_range=_TINY.init_range, extra=dict(grids=_V16_GRIDS), family="llava_next",
+    ),
+    # llava-v1.6-vicuna-7b has llava-1.5-7b's widths (CLIP ViT-L/14-336 + vicuna-7b); only the anyres grid differs.
+    "llava-next-7b": Preset(
+        vision=_LLAVA_7B.vision, text=_LLAVA_7B.text, tokenizer_vocab=1000, dtype="float16", init_range=0.02,
+        extra=dict(grids=_V16_GRIDS), family="llava_next",
+    ),
+    "qwen2.5-vl-tiny": QwenPreset(
+        vision=dict(depth=4, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64,
+                    window_size=84, fullatt_block_indexes=[1, 3], patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2, tokens_per_second=2, hidden_act="silu"),
+        text=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  # theta 1e4 (not the real 1e6) so that every rotary pair turns noticeably over a few
+                  # hundred positions and wrong positions change the answer.
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        min_pixels=28 * 28 * 4, max_pixels=28 * 28 * 160, dtype="float32",
+        # 0.2: at 0.1 the 64-wide model falls into repeating one token; 0.2 gives varied greedy answers.
+        init_range=0.2,
+    ),
+    "qwen2.5-vl-7b": QwenPreset(
+        vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                    window_size=112, fullatt_block_indexes=[7, 15, 23, 31], patch_size=14, spatial_merge_size=2,
+                    temporal_patch_size=2, tokens_per_second=2, hidden_act="silu"),
+        text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                  num_key_value_heads=4, max_position_embeddings=128000, rms_norm_eps=1e-6, vocab_size=152064,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
+        min_pixels=56 * 56, max_pixels=28 * 28 * 16384, dtype="float16", init_range=0.02, vision_layers=4,
+    ),
+}
+
+
+def presets_of(family: str) -> dict:
+    """{name: preset} of one model family (registry name), in table order."""
+    return {name: p for name, p in PRESETS.items() if p.family == family}
