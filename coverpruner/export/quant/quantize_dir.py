@@ -10,14 +10,13 @@ data files) is rewritten through the export's manifest writer and a `quantizatio
                      "tool": "onnxruntime.quantization.MatMulNBitsQuantizer 1.31.1"}
 
 `precision` stays the float precision of activations (fp32 / fp16): the runtime's input and KV dtypes.
-Nothing is written half-way: the new graph files are written into a temporary folder of the engine dir,
-checked (onnx.checker), and only then moved over the old ones, and the manifest is written last.
+Nothing is written half-way: the new graph files are written into a staging dir beside the engine dir and
+checked (onnx.checker), the other files are hard-linked in, the manifest is written, and only then does the
+stage replace the dir (coverpruner.staged_dir); a failed or killed run leaves the dir as it was.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from coverpruner.engine_dir import MANIFEST, read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.export.manifest import graph_entry
 from coverpruner.export.onnx_io import EXTERNAL_DATA_BYTES, MAX_IR_VERSION, SavedGraph, check, data_file_name
+from coverpruner.staged_dir import StagedDir
 
 WEIGHT_BITS = {"int4": 4, "int8": 8}  # --quantize -> bits per weight
 FORMATS = ("ort", "qdq")
@@ -35,7 +35,7 @@ BLOCK_SIZES = (32, 64, 128)
 QUANT_GRAPHS = ("decoder", "vision", "probe", "embed")
 #: Weight-only ops this pass writes; a graph holding any of them is already quantized.
 QUANT_OPS = ("MatMulNBits", "DequantizeLinear", "GatherBlockQuantized")
-TMP_DIR = ".quantize-tmp"
+TMP_DIR = ".quantize-tmp"  # where earlier versions staged graphs inside the dir; not carried over
 DEFAULT_ACCURACY_LEVEL = 4  # MatMulNBits int8 compute: see QuantOptions
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
@@ -225,11 +225,12 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
             raise QuantizeError(f"{directory / manifest['graphs'][g]['file']}: already quantized (has {found}); "
                                 "re-export the float graph before quantizing")
 
-    tmp = directory / TMP_DIR
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    records, before, after, saved = {}, {}, {}, {}
-    try:
+    records, before, after = {}, {}, {}
+    old_files = {f for g in opts.graphs for f in [manifest["graphs"][g]["file"],
+                                                   *manifest["graphs"][g].get("data_files", [])]}
+    # the quantized graphs and the new manifest go into a staging dir beside the engine dir, the other files
+    # are hard-linked in, and the stage replaces the dir only when complete: a killed run leaves it as it was
+    with StagedDir(directory) as stage:
         for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
             entry = manifest["graphs"][g]
             try:
@@ -240,33 +241,23 @@ def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: boo
             model, records[g] = _quantize_model(model, g, opts, manifest["dims"]["vocab_size"])
             nbytes = sum(t.ByteSize() for t in model.graph.initializer)
             external = bool(entry.get("data_files")) or nbytes > EXTERNAL_DATA_BYTES
-            saved[g] = _save(model, tmp / entry["file"], external)
+            try:
+                saved = _save(model, stage.path / entry["file"], external)
+            except onnx.checker.ValidationError as exc:
+                raise QuantizeError(f"quantized graph failed onnx.checker: {exc}") from exc
             del model
-    except onnx.checker.ValidationError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise QuantizeError(f"quantized graph failed onnx.checker: {exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # every graph is written and checked: move them over the float ones, then write the manifest
-    for g, s in saved.items():
-        entry = manifest["graphs"][g]
-        for f in [entry["file"], *entry.get("data_files", [])]:
-            (directory / f).unlink(missing_ok=True)
-        for f in [s.onnx_file.name, *s.data_files]:
-            os.replace(tmp / f, directory / f)
-        manifest["graphs"][g] = graph_entry(SavedGraph(directory / s.onnx_file.name, s.data_files))
-        after[g] = graph_bytes(directory, manifest["graphs"][g])
-    shutil.rmtree(tmp, ignore_errors=True)
-    record = {
-        "method": "rtn-blockwise", "bits": opts.bits, "dtype": opts.dtype, "block_size": opts.block_size,
-        "format": opts.form, "symmetric": opts.form == "qdq",
-        "accuracy_level": opts.matmulnbits_accuracy_level,
-        "lm_head": opts.lm_head and "decoder" in opts.graphs, "embeddings": "embed" in opts.graphs,
-        "graphs": records, "tool": _tool(opts, opts.graphs),
-    }
-    manifest["quantization"] = record
-    write_manifest(directory, manifest)
+            manifest["graphs"][g] = graph_entry(saved)
+            after[g] = graph_bytes(stage.path, manifest["graphs"][g])
+        stage.carry_rest(skip=old_files | {MANIFEST, TMP_DIR})
+        record = {
+            "method": "rtn-blockwise", "bits": opts.bits, "dtype": opts.dtype, "block_size": opts.block_size,
+            "format": opts.form, "symmetric": opts.form == "qdq",
+            "accuracy_level": opts.matmulnbits_accuracy_level,
+            "lm_head": opts.lm_head and "decoder" in opts.graphs, "embeddings": "embed" in opts.graphs,
+            "graphs": records, "tool": _tool(opts, opts.graphs),
+        }
+        manifest["quantization"] = record
+        write_manifest(stage.path, manifest)
     return QuantResult(record, before, after)
 
 
