@@ -46,6 +46,8 @@ _DISCONNECT_POLL_S = 0.25
 #: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
 #: Content-Length before reading, and while reading a body without one.
 MAX_BODY_BYTES = 48 * 2 ** 20
+#: Default deadline of one request (seconds): far above a 7B answer of max_tokens on an Orin, far below "stuck".
+REQUEST_TIMEOUT_S = 300.0
 #: Images above this many pixels leave large freed blocks in the allocator; the worker returns them afterwards.
 _LARGE_IMAGE_PIXELS = 4_000_000
 
@@ -66,6 +68,9 @@ class ServerConfig:
     budget: int | str | None = None  # default budget when a request has none (None: the manifest's)
     method: str | None = None  # default method when a request has none (None: the manifest's)
     remote_timeout_s: float = REMOTE_TIMEOUT_S  # a whole remote image fetch (with --allow-remote-images)
+    #: deadline of one chat completion from its arrival (queueing included); None: none. Past it: 504 (an error
+    #: event when streaming) and the generation is cancelled after its current token
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S
 
     @property
     def served_name(self) -> str:
@@ -89,14 +94,18 @@ class ServerState:
         self.metrics = ServerMetrics(self.pool)
 
     def _finished(self, job: Job, outcome: str) -> None:
-        if outcome == "cancelled":
+        if outcome == "cancelled" and not job.timed_out:  # a timeout was counted when it was answered
             self.metrics.requests.labels("cancelled").inc()
 
     def error(self, exc: APIError) -> JSONResponse:
-        outcome = "rejected" if exc.status == 503 else "client_error" if exc.status < 500 else "server_error"
+        self.count_error(exc)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    def count_error(self, exc: APIError) -> None:
+        outcome = ("rejected" if exc.status == 503 else "timeout" if exc.status == 504 else
+                   "client_error" if exc.status < 500 else "server_error")
         self.metrics.requests.labels(outcome).inc()
         self.metrics.errors.labels(exc.code or exc.type).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -142,6 +151,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        arrived = time.monotonic()
         req = await _parse(request)
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
@@ -158,7 +168,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                                       config.allow_remote_images, state.options, validate, config.remote_timeout_s)
         large = gen.image.width * gen.image.height > _LARGE_IMAGE_PIXELS
         try:
-            return await _answer(state, request, gen)
+            return await _answer(state, request, gen, arrived)
         finally:
             if large:
                 gen.image = None
@@ -167,17 +177,32 @@ def create_app(config: ServerConfig) -> FastAPI:
     return app
 
 
-async def _answer(state: ServerState, request: Request, gen: GenerationRequest):
-    """Queue the validated request on a worker and answer it (JSON or server-sent events)."""
-    job = Job(gen.image, gen.prompt, gen.options, asyncio.get_running_loop())
+def _timeout_error(state: ServerState) -> APIError:
+    return APIError(504, f"request not answered within the server's deadline of "
+                         f"{state.config.request_timeout_s:g} s (--request-timeout); generation cancelled", None,
+                    "request_timeout", "timeout_error")
+
+
+async def _answer(state: ServerState, request: Request, gen: GenerationRequest, arrived: float):
+    """Queue the validated request on a worker and answer it (JSON or server-sent events); past the deadline
+    (``arrived`` + request_timeout_s) the job expires: 504, or an error event once streaming."""
+    timeout = state.config.request_timeout_s
+    left = None if timeout is None else arrived + timeout - time.monotonic()
+    if left is not None and left <= 0:
+        raise _timeout_error(state)
+    loop = asyncio.get_running_loop()
+    job = Job(gen.image, gen.prompt, gen.options, loop)
     try:
         state.pool.submit(job)
     except QueueFull as exc:
         raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
+    timer = None if left is None else loop.call_later(left, job.expire)
     watcher = asyncio.create_task(_watch_disconnect(job, request))
     streaming = False
     try:
         first = await job.events.get()
+        if first[0] == "timeout":
+            raise _timeout_error(state)
         if first[0] == "error":
             raise _api_error_from(first[1], gen)
         if first[0] == "cancelled":
@@ -186,11 +211,13 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest):
         if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
             streaming = True
             # background: also runs when the client left before the body started (then _sse never ran)
-            return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
+            return StreamingResponse(_sse(state, job, gen, first, meta, timer), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
         return await _complete(state, job, gen, first, meta)
     finally:
         watcher.cancel()
+        if timer is not None and not streaming:  # a stream's timer runs until its last event (_sse)
+            timer.cancel()
         if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
             job.cancel()
 
@@ -310,6 +337,8 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
         text.append(matcher.push(event[1])[0])
         event = await job.events.get()
     kind, value = event
+    if kind == "timeout":
+        raise _timeout_error(state)
     if kind == "error":
         raise _api_error_from(value, gen)
     if kind == "cancelled":
@@ -329,9 +358,10 @@ def _sse_data(obj) -> str:
     return f"data: {payload}\n\n"
 
 
-async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
+async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta, timer=None):
     """OpenAI chunk stream: role chunk, content chunks, a finish chunk (with the coverpruner object),
-    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream is an error event."""
+    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream (the deadline passing
+    included) is an error event."""
 
     def chunk(delta: Delta, finish=None, **extra) -> str:
         return _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
@@ -357,10 +387,9 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                     yield _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                                         choices=[], usage=_usage(value)))
                 break
-            elif kind == "error":
-                err = _api_error_from(value, gen)
-                state.metrics.requests.labels("client_error" if err.status < 500 else "server_error").inc()
-                state.metrics.errors.labels(err.code or err.type).inc()
+            elif kind in ("error", "timeout"):
+                err = _timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
+                state.count_error(err)
                 yield f"data: {json.dumps(err.body())}\n\n"
                 break
             else:  # cancelled
@@ -368,4 +397,6 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
             event = await job.events.get()
         yield "data: [DONE]\n\n"
     finally:
+        if timer is not None:
+            timer.cancel()
         job.cancel()  # no-op once finished; stops the worker when the client went away mid-stream

@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--allow-remote-images", action="store_true", help="fetch http(s):// image URLs")
     http.add_argument("--remote-timeout", type=float, default=None, metavar="SECONDS",
                       help="limit on a whole remote image fetch, redirects included (default 10)")
+    http.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                      help="deadline of one chat completion from arrival, queueing included: past it the answer "
+                           "is a 504 (an error event when streaming) and the generation is cancelled; 0 = none "
+                           "(default 300)")
     prune = p.add_argument_group("pruning defaults (a request's own budget / method fields win)")
     prune.add_argument("--budget", default=None,
                        help="visual tokens to keep, or 'full' (default: the manifest's); for harnesses that cannot "
@@ -91,6 +95,9 @@ def check_args(args) -> None:
         raise UsageError(f"--replicas must be >= 1, got {args.replicas}")
     if args.remote_timeout is not None and not 0 < args.remote_timeout <= 300:
         raise UsageError(f"--remote-timeout must be in (0, 300] seconds, got {args.remote_timeout}")
+    if args.request_timeout is not None and not (args.request_timeout == 0 or
+                                                 0 < args.request_timeout <= 86400):
+        raise UsageError(f"--request-timeout must be 0 (none) or in (0, 86400] seconds, got {args.request_timeout}")
     if args.ray_cpus_per_replica < 0:
         raise UsageError(f"--ray-cpus-per-replica must be >= 0, got {args.ray_cpus_per_replica}")
 
@@ -102,7 +109,9 @@ def _config(args):
                         max_queue=args.max_queue, model_name=args.model_name,
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
                         selector=args.selector, budget=args.budget, method=args.method,
-                        **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}))
+                        **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}),
+                        **({} if args.request_timeout is None else
+                           {"request_timeout_s": args.request_timeout or None}))
 
 
 def _require(module: str, extra: str) -> None:

@@ -28,16 +28,25 @@ class QueueFull(Exception):
 
 class Job:
     """One admitted request. Events on ``events``: ("piece", str), ("done", GenerationResult),
-    ("error", exception) or ("cancelled", None) — the last one always ends the job."""
+    ("error", exception) or ("cancelled", None) — the last one always ends the job — and ("timeout", None)
+    from ``expire``, put by the event loop itself so the handler answers without waiting for the worker."""
 
     def __init__(self, image, prompt: str, options: dict, loop: asyncio.AbstractEventLoop):
         self.image, self.prompt, self.options = image, prompt, options
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
+        self.timed_out = False
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def expire(self) -> None:
+        """The request's deadline passed (call in the event loop): the worker stops after its current token
+        (or never starts), and the handler wakes at once."""
+        self.timed_out = True
+        self.cancel()
+        self.events.put_nowait(("timeout", None))
 
     @property
     def cancelled(self) -> bool:
