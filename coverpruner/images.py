@@ -19,10 +19,11 @@ from coverpruner.errors import ImageError
 
 __all__ = ["load_image", "to_rgb", "load_rgb", "check_aspect_ratio", "MAX_ASPECT_RATIO"]
 
-#: Longest side / shortest side accepted. The preprocessors scale the short side up to the model's input (CLIP:
-#: 336 px), so a 20,000 x 1 image became a 336 x 6.7M intermediate (5.5 GB, 8-14 s); 50:1 bounds it at 5.6 MP.
-#: Qwen2-VL's own processor refuses ratios above 200.
-MAX_ASPECT_RATIO = 50
+#: Longest side / shortest side accepted: Qwen2-VL's own processor's limit (it refuses ratios above 200), which
+#: LLaVA-NeXT's tests use (a 10,000 x 50 image keeps no grid rows and still answers). The preprocessors scale
+#: the short side up to the model's input (CLIP: 336 px), so a 20,000 x 1 image became a 336 x 6.7M
+#: intermediate (5.5 GB, 8-14 s); 200:1 bounds it at 67,200 x 336 (22.6 MP, 68 MB as uint8 RGB).
+MAX_ASPECT_RATIO = 200
 
 
 def check_aspect_ratio(size, what: str) -> None:

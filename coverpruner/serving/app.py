@@ -21,7 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -166,13 +166,28 @@ def create_app(config: ServerConfig) -> FastAPI:
 
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, validate, config.remote_timeout_s)
-        large = gen.image.width * gen.image.height > _LARGE_IMAGE_PIXELS
-        try:
+        if gen.image.width * gen.image.height <= _LARGE_IMAGE_PIXELS:
             return await _answer(state, request, gen, arrived)
-        finally:
-            if large:
-                gen.image = None
-                await run_in_threadpool(release_freed_memory)
+
+        def release() -> None:  # in a worker thread: malloc_trim walks every arena
+            gen.image = None
+            release_freed_memory()
+
+        try:
+            response = await _answer(state, request, gen, arrived)
+        except BaseException:
+            await run_in_threadpool(release)
+            raise
+        if isinstance(response, StreamingResponse):  # after the stream's last event, not at its first
+            tasks = BackgroundTasks()
+            bg = response.background
+            if bg is not None:
+                tasks.add_task(bg.func, *bg.args, **bg.kwargs)
+            tasks.add_task(release)
+            response.background = tasks
+        else:
+            await run_in_threadpool(release)
+        return response
 
     return app
 

@@ -37,9 +37,10 @@ MAX_CONCURRENT_FETCHES = 8
 _fetch_slots = threading.BoundedSemaphore(MAX_CONCURRENT_FETCHES)
 #: Largest image accepted (pixels): 64 MP, above the 48-50 MP of today's phone cameras; decoded RGB <= 192 MiB.
 MAX_IMAGE_PIXELS = 64_000_000
-#: Longest side / shortest side. LLaVA's CLIP resize scales the short side to 336 px, so 50:1 bounds its
-#: intermediate at 16,800 x 336 (5.6 MP); Qwen2-VL's own processor refuses ratios above 200.
-MAX_ASPECT_RATIO = 50
+#: Longest side / shortest side, as coverpruner.images.MAX_ASPECT_RATIO (the runtime's own check): Qwen2-VL's
+#: processor's limit, 200:1. LLaVA's CLIP resize scales the short side to 336 px, so 200:1 bounds its
+#: intermediate at 67,200 x 336 (22.6 MP, 68 MB as uint8 RGB; 20,000 x 1 was 2.3 GP, 5.5 GB).
+MAX_ASPECT_RATIO = 200
 
 
 def load_image_url(url: str, param: str, allow_local_files: bool = False,

@@ -213,6 +213,21 @@ def test_memory_is_returned_after_a_large_image(server, demo_png):
     assert rss_bytes() - rss0 < 150 * 2 ** 20
 
 
+def test_memory_is_returned_after_a_large_streamed_image(server, demo_png):
+    """Item 13 for streams: the arenas are returned after the stream's last event (it ran when streaming began,
+    while the request still held the image)."""
+    ramp = bytes(range(256)) * (3 * 6000 // 256) + bytes(3 * 6000 % 256)
+    big = png(6000, 6000, channels=3, row=ramp)
+    assert post(server, body(demo_png))[0] == 200
+    time.sleep(0.5)
+    rss0 = rss_bytes()
+    for _ in range(2):
+        status, data, _ = post(server, body(b"", url=data_url(big), stream=True), timeout=120)
+        assert status == 200 and "[DONE]" in data, data
+    time.sleep(0.5)
+    assert rss_bytes() - rss0 < 150 * 2 ** 20
+
+
 # -- port in use (item 14) ------------------------------------------------------------------------
 
 def test_port_in_use_is_one_line_and_exit_2(tiny_export):
