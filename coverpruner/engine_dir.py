@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from coverpruner.errors import ManifestError
-from coverpruner.filehash import sha256_file
+from coverpruner.filehash import sha256_and_xxh3, xxh3_file
 
 FORMAT = "coverpruner-engine-dir"
 FORMAT_VERSION = 2
@@ -254,6 +255,11 @@ def parse_manifest(root: Path, raw: dict) -> Manifest:
     if not isinstance(visual["max_visual_tokens"], int) or visual["max_visual_tokens"] < 1:
         raise _fail(root, f"field visual.max_visual_tokens is {visual['max_visual_tokens']!r}, expected a "
                           "positive integer")
+    for key, value in raw["dims"].items():  # every dim is a size (or a list of sizes: mrope_section)
+        items = value if isinstance(value, list) and key not in _REQUIRED_DIMS else [value]
+        if not items or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in items):
+            raise _fail(root, f"field dims.{key} is {value!r}, expected a positive integer"
+                              + (" or a list of them" if isinstance(value, list) else ""))
     for key in ("options", "axes", "files"):
         if not isinstance(raw.get(key, {}), dict):
             raise _fail(root, f"field {key!r} must be an object, got {type(raw[key]).__name__}")
@@ -295,16 +301,19 @@ def _stat_key(path: Path) -> list:
 
 def _load_verify_cache(root: Path) -> dict:
     try:
-        return json.loads((root / VERIFY_CACHE).read_text())
+        cache = json.loads((root / VERIFY_CACHE).read_text())
     except (OSError, ValueError):
         return {}
+    return cache if isinstance(cache, dict) else {}
 
 
 def _save_verify_cache(root: Path, cache: dict) -> None:
+    tmp = root / f"{VERIFY_CACHE}.{os.getpid()}.tmp"
     try:  # a read-only directory just means we hash again next time
-        (root / VERIFY_CACHE).write_text(json.dumps(cache, indent=0, sort_keys=True))
+        tmp.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        os.replace(tmp, root / VERIFY_CACHE)
     except OSError:
-        pass
+        tmp.unlink(missing_ok=True)
 
 
 def _hashed_files(manifest: Manifest, names) -> list[tuple[str, Path, str | None]]:
@@ -320,17 +329,65 @@ def _hashed_files(manifest: Manifest, names) -> list[tuple[str, Path, str | None
     return out
 
 
-def verify_files(manifest: Manifest, names=None, use_cache: bool = True) -> None:
+def _changed(path: Path) -> ManifestError:
+    return ManifestError(f"{path}: contents changed since the directory was verified (xxh3 mismatch under the "
+                         "same size and mtime: a corrupted or edited file); re-export the directory")
+
+
+class IntegrityCheck:
+    """The xxh3 re-check of files whose (size, mtime) matched the verification cache, running in a daemon
+    thread (``background``) or already done. ``result()`` waits for it and raises ManifestError naming the
+    first file whose contents changed; it is cheap to call again."""
+
+    def __init__(self, pending: list[tuple[Path, str]], background: bool):
+        self._pending = pending
+        self._error: ManifestError | None = None
+        self._thread = None
+        if background and pending:
+            self._thread = threading.Thread(target=self._check, name="coverpruner-verify", daemon=True)
+            self._thread.start()
+        else:
+            self._check()
+            self.result()  # synchronous: a changed file raises here
+
+    def _check(self) -> None:
+        for path, expected in self._pending:
+            try:
+                ok = xxh3_file(path) == expected
+            except OSError as exc:
+                self._error = ManifestError(f"{path}: cannot read ({exc.strerror or exc})")
+                return
+            if not ok:
+                self._error = _changed(path)
+                return
+
+    @property
+    def done(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def result(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+
+
+def verify_files(manifest: Manifest, names=None, use_cache: bool = True, background: bool = False) -> IntegrityCheck:
     """Check each graph file (and its external-data files) and each family file against the manifest's sha256.
 
-    A verified (size, mtime_ns) pair is remembered in ``.coverpruner-verified.json`` so a second load of an
-    unchanged directory skips re-hashing multi-GiB files; any change to size or mtime forces a fresh hash.
-    Raises ManifestError naming the file, the expected and the actual hash on a mismatch, or the missing
+    A file not in the verification cache (``.coverpruner-verified.json``), or whose size or mtime changed, is
+    hashed with sha256 now and compared with the manifest (its xxh3-128 is recorded in the same pass). A file
+    whose (size, mtime_ns) matches the cache is re-hashed in full with xxh3 and compared with the recorded
+    digest: so flipped bytes under an unchanged size and mtime are caught too, at memory speed instead of
+    sha256's. ``background``: run that re-check in a thread and return at once (``IntegrityCheck.result()``
+    reports it; Pipeline checks it before its first answer); else it is done before returning.
+    Raises ManifestError naming the file, the expected and the actual hash on a sha256 mismatch, or the missing
     file. ``names`` restricts the graph check to some graphs (default: all listed).
     """
     root = manifest.root
     cache = _load_verify_cache(root) if use_cache else {}
-    changed = False
+    changed, pending = False, []
     for where, path, expected in _hashed_files(manifest, names or manifest.graphs):
         if not path.is_file():
             raise ManifestError(f"{path}: file listed in manifest {where} is missing")
@@ -338,17 +395,20 @@ def verify_files(manifest: Manifest, names=None, use_cache: bool = True) -> None
             raise _fail(root, f"{where}.data_sha256 has no hash for {path.name!r}")
         key = f"{path.name}:{expected}"
         stat = _stat_key(path)
-        if cache.get(key) == stat:
+        hit = cache.get(key)
+        if isinstance(hit, list) and len(hit) == 3 and hit[:2] == stat and isinstance(hit[2], str):
+            pending.append((path, hit[2]))
             continue
-        actual = sha256_file(path)
+        actual, fast = sha256_and_xxh3(path)
         if actual != expected:
             raise ManifestError(
                 f"{path}: sha256 mismatch (manifest expects {expected[:16]}..., file has {actual[:16]}...); "
                 "the file changed after export; re-export the directory")
-        cache[key] = stat
+        cache[key] = stat + [fast]
         changed = True
     if use_cache and changed:
         _save_verify_cache(root, cache)
+    return IntegrityCheck(pending, background)
 
 
 def load_manifest(path: str | os.PathLike, verify: bool = True) -> Manifest:
@@ -356,7 +416,7 @@ def load_manifest(path: str | os.PathLike, verify: bool = True) -> Manifest:
     root = Path(path)
     manifest = parse_manifest(root, read_raw(root))
     if verify:
-        verify_files(manifest)
+        verify_files(manifest).result()
     return manifest
 
 

@@ -17,16 +17,33 @@ from PIL import Image, UnidentifiedImageError
 
 from coverpruner.errors import ImageError
 
-__all__ = ["load_image", "to_rgb", "load_rgb"]
+__all__ = ["load_image", "to_rgb", "load_rgb", "check_aspect_ratio", "MAX_ASPECT_RATIO"]
+
+#: Longest side / shortest side accepted: Qwen2-VL's own processor's limit (it refuses ratios above 200), which
+#: LLaVA-NeXT's tests use (a 10,000 x 50 image keeps no grid rows and still answers). The preprocessors scale
+#: the short side up to the model's input (CLIP: 336 px), so a 20,000 x 1 image became a 336 x 6.7M
+#: intermediate (5.5 GB, 8-14 s); 200:1 bounds it at 67,200 x 336 (22.6 MP, 68 MB as uint8 RGB).
+MAX_ASPECT_RATIO = 200
+
+
+def check_aspect_ratio(size, what: str) -> None:
+    """(width, height) -> ImageError when more elongated than MAX_ASPECT_RATIO : 1 (empty images are left to the
+    decoder's own message)."""
+    w, h = int(size[0]), int(size[1])
+    if w >= 1 and h >= 1 and max(w, h) > MAX_ASPECT_RATIO * min(w, h):
+        raise ImageError(f"{what} is {w} x {h} pixels (aspect ratio {max(w, h) / min(w, h):.0f}:1); the limit is "
+                         f"{MAX_ASPECT_RATIO}:1")
 
 
 def load_image(image) -> Image.Image:
     """Open a path (str/PathLike) or pass a PIL image through; ImageError on missing/corrupt files."""
     if isinstance(image, Image.Image):
+        check_aspect_ratio(image.size, "image")
         return image
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim not in (2, 3):
             raise ImageError(f"numpy image must be uint8 [H,W] or [H,W,C], got {image.dtype} {image.shape}")
+        check_aspect_ratio(image.shape[1::-1], "image")
         return Image.fromarray(image)
     if not isinstance(image, (str, os.PathLike)):
         raise ImageError(f"image must be a path, a PIL image or a uint8 array, got {type(image).__name__}")
@@ -38,6 +55,7 @@ def load_image(image) -> Image.Image:
             # PIL only warns between MAX_IMAGE_PIXELS and twice that, then decodes gigabytes: refuse it as well
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(path)
+            check_aspect_ratio(img.size, str(path))  # from the header, before decoding
             img.load()  # decode now so truncated files fail here, not deep inside resize
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         size = re.search(r"\((\d+) pixels\)", str(exc))

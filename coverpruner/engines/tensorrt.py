@@ -31,6 +31,7 @@ from typing import Any
 from coverpruner.engine_dir import read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.filehash import sha256_file
+from coverpruner.staged_dir import StagedDir
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
@@ -302,7 +303,9 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
                      verbose: bool = False, progress=None) -> dict:
     """Builds DIR/<graph>.engine for every graph and records the "tensorrt" section in DIR/manifest.json.
 
-    progress: optional callable(graph_name) called before each build. Returns the section written.
+    progress: optional callable(graph_name) called before each build. Returns the section written. The new
+    engines and manifest replace DIR all at once (a staging dir swapped in); engines of the previous section
+    that are not rebuilt are dropped with it.
     """
     options.validate()
     engine_dir = Path(engine_dir)
@@ -334,13 +337,31 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
         raise TensorRTBuildError("the plugin-form selector cannot be built with TensorRT-RTX on a machine "
                                  "without a GPU (its parser aborts the process); build it on the target GPU, "
                                  "or export --selector loop")
+    # engines, plugin and manifest go into a staging dir beside DIR, the graphs and other files are hard-linked
+    # in, and the stage replaces DIR only when complete (coverpruner.staged_dir): a failed or killed build
+    # leaves DIR and its previous engines as they were
+    old = manifest.get("tensorrt") or {}
+    old_files = {e.get("file") for e in (old.get("engines") or {}).values() if isinstance(e, dict)}
+    old_files |= {old["plugin"].get("file")} if isinstance(old.get("plugin"), dict) else set()
+    with StagedDir(engine_dir) as stage:
+        section = _build_into(stage.path, engine_dir, manifest, graphs, options, trt, precision, graph_precision,
+                              verbose, progress)
+        stage.carry_rest(skip=old_files | {"manifest.json"})
+        manifest["tensorrt"] = section
+        write_manifest(stage.path, manifest)
+    return section
+
+
+def _build_into(out_dir: Path, engine_dir: Path, manifest: dict, graphs, options: BuildOptions, trt: TrtModule,
+                precision: str, graph_precision: str, verbose: bool, progress) -> dict:
+    """Build each graph of ``engine_dir`` into ``out_dir``/<graph>.engine (and copy the plugin there) -> the
+    manifest's "tensorrt" section."""
     logger = _logger(trt, verbose)
     plugin_record = None
     if options.plugin is not None:
         load_plugin_library(trt, Path(options.plugin), logger)
-        dest = engine_dir / Path(options.plugin).name
-        if Path(options.plugin).resolve() != dest.resolve():
-            shutil.copy2(options.plugin, dest)  # the directory stays self-contained for the runtime
+        dest = out_dir / Path(options.plugin).name
+        shutil.copy2(options.plugin, dest)  # the directory stays self-contained for the runtime
         plugin_record = {"file": dest.name, "sha256": sha256_file(dest)}
 
     ranges = axis_ranges(manifest, options)
@@ -354,11 +375,11 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
             progress(graph)
         blob, record = build_engine(trt, onnx_path, graph, spec, ranges, options, precision, graph_precision,
                                     verbose=verbose)
-        out = engine_dir / f"{graph}{ENGINE_SUFFIX}"
+        out = out_dir / f"{graph}{ENGINE_SUFFIX}"
         out.write_bytes(blob)
         engines[graph] = {"file": out.name, "sha256": hashlib.sha256(blob).hexdigest(), **record}
 
-    section = {
+    return {
         "flavour": trt.flavour,
         "version": trt.version,
         # TensorRT engines are specific to the GPU they were built on; TensorRT-RTX engines are compiled for
@@ -371,9 +392,6 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
         "plugin": plugin_record,
         "engines": engines,
     }
-    manifest["tensorrt"] = section
-    write_manifest(engine_dir, manifest)
-    return section
 
 
 def check_engine_compat(section: dict, flavour: str, version: str, compute_capability: str | None) -> None:

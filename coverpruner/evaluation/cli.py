@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -70,15 +71,33 @@ def _positive(name: str, value) -> None:
         raise OptionError(f"{name} must be a positive integer, got {value}")
 
 
+def check_out_dir(out: Path) -> None:
+    """--out must be a folder (or creatable as one) that this user can write; checked before the run."""
+    from coverpruner.runtime import OptionError
+
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OptionError(f"--out {out}: {probe} is a file, expected a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OptionError(f"--out {out}: {probe} is not writable")
+
+
 def cmd_run(args) -> int:
     from coverpruner.evaluation.report import write_report
     from coverpruner.evaluation.runner import Runner, RunSettings, parse_budgets, parse_methods
     from coverpruner.evaluation.tasks import get_task
     from coverpruner.runtime import Pipeline
 
+    from coverpruner.runtime.options import check_tau
+
     task = get_task(args.task)
     _positive("--limit", args.limit)
     _positive("--max-new-tokens", args.max_new_tokens)
+    if args.tau is not None:
+        check_tau(args.tau)  # before anything is written: run.json must never record a NaN tau
+    check_out_dir(Path(args.out))
     settings = RunSettings(engine=Path(args.engine_dir), data=args.data, out=Path(args.out),
                            budgets=parse_budgets(args.budgets), methods=parse_methods(args.methods),
                            limit=args.limit, max_new_tokens=args.max_new_tokens, images=args.images, tau=args.tau,
@@ -121,7 +140,10 @@ def cmd_score(args) -> int:
     for i, row in enumerate(rows):
         if not isinstance(row, dict) or "question_id" not in row or "prediction" not in row:
             raise DataError(f"{path} record {i + 1}: needs fields 'question_id' and 'prediction'")
-        preds[str(row["question_id"])] = "" if row["prediction"] is None else str(row["prediction"])
+        key = str(row["question_id"])
+        if key in preds:  # which one should count? refuse rather than let the later row silently win
+            raise DataError(f"{path} record {i + 1}: duplicate question_id {key!r}")
+        preds[key] = "" if row["prediction"] is None else str(row["prediction"])
     result = score_samples(task, samples, preds)
     unknown = len(set(preds) - {s.key for s in samples})
     if args.json:

@@ -74,12 +74,18 @@ def _image_column(task: TaskSpec, jsonl: bool) -> str:
 
 
 def data_files(task: TaskSpec, path: Path) -> list[Path]:
-    """The files ``--data`` names for this task (a .jsonl file, or parquet files)."""
+    """The files ``--data`` names for this task: a .jsonl file, a folder's parquet/arrow files, or (a folder
+    without tables) its .jsonl files."""
     path = Path(path)
     if path.suffix == ".jsonl":
         if not path.is_file():
             raise DataError(f"{path}: no such file")
         return [path]
+    if path.is_dir() and not any(path.rglob("*.parquet")) and not any(path.rglob("*.arrow")):
+        jsonl = sorted(path.rglob("*.jsonl"))  # a folder of JSONL files (image paths relative to each file)
+        if jsonl:
+            return jsonl
+        raise DataError(f"{path}: no .parquet, .arrow or .jsonl files for task {task.name}")
     return _table_files(task, path)
 
 
@@ -174,6 +180,11 @@ def load_samples(task: TaskSpec, path, need_image: bool = True, limit: int | Non
                 k = seen.get(key, 0)
                 seen[key] = k + 1
                 key = f"{key}#{k}"
+            elif key in seen:  # both rows would be scored under one id (and predictions matched to either)
+                raise DataError(f"{where}: duplicate {task.key} {key!r} (first at {seen[key]}); ids must be "
+                                "unique")
+            else:
+                seen[key] = where
             image = doc.pop(image_col) if image_col else None
             samples.append(Sample(key, doc, image, where, file.parent, image_col == task.image_id_column))
             if limit is not None and len(samples) >= limit:

@@ -20,6 +20,7 @@ from coverpruner.evaluation.files import JsonlAppender, read_jsonl, write_json
 from coverpruner.evaluation.scoring import reference, score_samples
 from coverpruner.evaluation.tasks import TaskSpec
 from coverpruner.runtime import METHODS, GenerationResult, OptionError, PromptError
+from coverpruner.runtime.options import MAX_BUDGET
 
 FULL = "full"
 
@@ -35,8 +36,8 @@ def parse_budgets(text: str) -> list:
                 value = int(item)
             except ValueError:
                 value = 0
-            if value < 1:
-                raise OptionError(f"--budgets: expected 'full' or positive integers, got {item!r}")
+            if not 1 <= value <= MAX_BUDGET:
+                raise OptionError(f"--budgets: expected 'full' or integers in 1..{MAX_BUDGET}, got {item!r}")
         if value not in out:
             out.append(value)
     return out

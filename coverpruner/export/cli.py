@@ -8,6 +8,7 @@ With --quantize the exported (or, without --model, the existing) dir is then qua
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--output", required=True, type=Path, help="engine directory to write (created if needed)")
     g = p.add_argument_group("graphs")
     g.add_argument("--dtype", choices=sorted(FLOAT_DTYPES), default="fp32",
-                   help="float precision of weights and float tensors (relevance/softmax stay float32)")
+                   help="float precision of weights and float tensors (relevance/softmax stay float32); default fp32")
     g.add_argument("--graphs", type=_graphs, default=GRAPHS,
                    help=f"comma-separated subset to (re-)export; default all: {','.join(GRAPHS)}")
     g.add_argument("--opset", type=int, default=18,
@@ -99,6 +100,27 @@ def _check_quantized_kept(output: Path, exported: tuple[str, ...]) -> None:
                             "or export into a fresh directory")
 
 
+class UsageError(ValueError):
+    """A bad command line found after argparse (one line, exit 2)."""
+
+
+def _check_output(output: Path) -> None:
+    """--output must be a folder or creatable as one, and its parent writable (the export is staged beside it
+    and swapped in): checked before the model loads (a file in the path failed with NotADirectoryError after
+    11 s, an unwritable one after 20 s with vision written)."""
+    probe = Path(output).resolve()
+    if probe.exists() and not probe.is_dir():
+        raise UsageError(f"--output {output}: is a file, expected a folder")
+    probe = probe.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"--output {output}: {probe} is a file, expected a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {output}: {probe} is not writable (the new dir is written beside the old "
+                         "one and swapped in)")
+
+
 def _quantize(output: Path, opts, progress: bool) -> None:
     from coverpruner.export.quant import quantize_engine_dir
 
@@ -119,15 +141,16 @@ def main(argv: list[str] | None = None) -> int:
         quant = _quant_options(args)
         if args.model is None:
             if quant is None:
-                raise QuantizeError("--model is required (only --quantize works on an existing --output dir)")
+                raise UsageError("--model is required (only --quantize works on an existing --output dir)")
             _quantize(args.output, quant, not args.no_progress)
             return 0
+        _check_output(args.output)
         _check_quantized_kept(args.output, args.graphs)
         model_dir, source = resolve_model(args.model)
-    except (MissingModelError, QuantizeError) as exc:
+    except (MissingModelError, QuantizeError, UsageError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
-    from coverpruner.export.exporter import OptionValueError, export_model
+    from coverpruner.export.exporter import OptionValueError, TargetError, export_model
     from coverpruner.export.onnx_io import ExportError
 
     opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
@@ -135,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                          family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)
-    except OptionValueError as exc:  # bad input, nothing written
+    except (OptionValueError, TargetError) as exc:  # bad input, nothing written
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
     except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:

@@ -19,12 +19,13 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import read_if_present, write_manifest
+from coverpruner.engine_dir import MANIFEST, read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
-                                     remove_graph_files, save_proto)
+                                     save_proto)
 from coverpruner.families import family_for_model_type
+from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
 #: --decoder-form: "ort" (ONNX Runtime contrib ops, in-place KV: the fast CPU form), "standard" (standard ops:
@@ -73,6 +74,11 @@ def _use_external(mode: str, nbytes: int) -> bool:
 
 class OptionValueError(ExportError):
     """A --option names an option the family does not have, or a value it does not allow."""
+
+
+class TargetError(ExportError):
+    """--output cannot take this export (a partial re-export of another checkpoint's dir, a folder that is not
+    an engine dir); nothing was written."""
 
 
 def family_option_defaults(family, given: dict) -> dict:
@@ -176,15 +182,62 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
     return entries
 
 
-def _kept_from_previous(output: Path, opts: ExportOptions, source_model: str, entries: dict) -> tuple[dict, dict]:
-    """(graph entries, family files) of the previous manifest still valid for a partial re-export: same
-    precision and source model, graph file present, graph not re-exported now."""
+def _same_model(previous: dict | None, opts: ExportOptions, source_model: str) -> bool:
+    return bool(previous) and previous.get("precision") == opts.dtype and previous.get("source_model") == source_model
+
+
+def check_target(output: Path, opts: ExportOptions, source_model: str) -> None:
+    """TargetError (one line) when `output` cannot take this export, before anything loads or is written:
+    a folder with files but no manifest.json (the swap would delete them), or a partial re-export (--graphs
+    subset) of a dir whose manifest is unreadable or came from another checkpoint or precision (its other
+    graphs would be dropped and the dir would no longer load)."""
+    output = Path(output)
+    if not output.is_dir():
+        return
+    if not (output / MANIFEST).is_file():
+        if any(output.iterdir()):
+            raise TargetError(f"--output {output}: the folder has files but no {MANIFEST}; export into a new or "
+                              "empty folder, or an engine dir")
+        return
+    if set(opts.graphs) == set(GRAPHS):
+        return
     previous = read_if_present(output)
-    same_model = bool(previous) and previous.get("precision") == opts.dtype and \
-        previous.get("source_model") == source_model
-    if not same_model:
+    if not _same_model(previous, opts, source_model):
+        was = (f"was exported from {previous.get('source_model')!r} in {previous.get('precision')}"
+               if previous else "has an unreadable manifest.json")
+        raise TargetError(f"--graphs {','.join(opts.graphs)}: {output} {was}, not {source_model!r} in {opts.dtype}; "
+                          "its other graphs cannot be kept: re-export all graphs (omit --graphs) or choose another "
+                          "--output")
+
+
+def _graph_files(entry: dict) -> list[str]:
+    return [entry["file"], *entry.get("data_files", [])]
+
+
+def _referenced(manifest: dict | None) -> set[str]:
+    """Every file a manifest names: graphs and their data, family files, tokenizer/processor files, TensorRT
+    engines and plugin."""
+    if not manifest:
+        return set()
+    names = {f for e in manifest.get("graphs", {}).values() for f in _graph_files(e)}
+    names |= {e["file"] for e in manifest.get("files", {}).values() if isinstance(e, dict) and "file" in e}
+    for key in ("tokenizer_files", "processor_files"):
+        names |= {f for f in manifest.get(key, []) if isinstance(f, str)}
+    trt = manifest.get("tensorrt") or {}
+    names |= {e["file"] for e in (trt.get("engines") or {}).values() if isinstance(e, dict) and "file" in e}
+    if isinstance(trt.get("plugin"), dict):
+        names.add(trt["plugin"].get("file"))
+    return names
+
+
+def _kept_from_previous(output: Path, previous: dict | None, opts: ExportOptions, source_model: str,
+                        entries: dict) -> tuple[dict, dict]:
+    """(graph entries, family files) of the previous manifest still valid for a partial re-export: same
+    precision and source model, graph files present, graph not re-exported now."""
+    if not _same_model(previous, opts, source_model):
         return {}, {}
-    kept = {g: e for g, e in previous.get("graphs", {}).items() if g not in entries and (output / e["file"]).is_file()}
+    kept = {g: e for g, e in previous.get("graphs", {}).items()
+            if g not in entries and all((output / f).is_file() for f in _graph_files(e))}
     return kept, previous.get("files", {})
 
 
@@ -201,19 +254,33 @@ def _versions(opset: int) -> dict:
 def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportOptions) -> ExportResult:
     """Export `opts.graphs` of the checkpoint in `model_dir` into `output` and write manifest.json.
 
-    Steps: check the options -> read the config and find the family -> delete stale files of the graphs to
-    re-export -> load the model once -> export each graph -> family files, support files -> manifest.
-    On a partial re-export (--graphs subset) the previous manifest's other graphs are kept when their
-    precision and source model match; stale files of re-exported graphs are deleted first.
+    Steps: check the options and the target -> read the config and find the family -> load the model once ->
+    export each graph -> family files, support files -> manifest. Everything is written into a staging dir
+    beside `output` that replaces it only once complete (coverpruner.staged_dir): a failed or killed export
+    leaves the previous dir as it was. On a partial re-export (--graphs subset) the previous manifest's other
+    graphs are kept (hard links) when their precision and source model match, and refused otherwise
+    (check_target); files the previous manifest does not name (e.g. notes) are carried over, the files of
+    the graphs re-exported and its TensorRT engines (built from the old graphs) are not.
     """
     model_dir, output = Path(model_dir), Path(output)
     _check_options(opts)
     config = _read_config(model_dir)
     family = family_for_model_type(config.model_type)
     option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
-    output.mkdir(parents=True, exist_ok=True)
-    for g in opts.graphs:
-        remove_graph_files(output / f"{g}.onnx")
+    check_target(output, opts, source_model)
+    previous = read_if_present(output)
+    with StagedDir(output) as stage:
+        manifest, seconds = _export_into(stage, family, config, model_dir, previous, source_model, opts)
+        manifest["options"] = {**manifest.get("options", {}), **option_defaults}
+        write_manifest(stage.path, manifest)
+    return ExportResult(output, manifest, seconds)
+
+
+def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: dict | None, source_model: str,
+                 opts: ExportOptions) -> tuple[dict, dict]:
+    """Write the graphs, family and support files into ``stage.path`` and carry over what is kept from the
+    previous dir -> (manifest dict without option defaults, seconds per step)."""
+    output = stage.path
     order = [g for g in GRAPHS if g in opts.graphs]
     bar = tqdm(total=len(order) + 2, desc="export", unit="stage", disable=not opts.progress)
     seconds: dict[str, float] = {}
@@ -226,20 +293,25 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     entries = _export_graphs(family, model, config, output, order, opts, bar, seconds)
 
     bar.set_description("export: manifest")
-    kept, files = _kept_from_previous(output, opts, source_model, entries)
+    kept, files = _kept_from_previous(stage.target, previous, opts, source_model, entries)
     if model is not None:  # family arrays (e.g. an image_newline vector) come from the weights
         files = family_file_entries(output, family.write_files(model, output))
     del model
     gc.collect()
     tok_files, proc_files = _copy_support_files(family, model_dir, output)
+    for name in sorted(({f for e in kept.values() for f in _graph_files(e)} | {e["file"] for e in files.values()})
+                       - {p.name for p in output.iterdir()}):
+        stage.carry(name)  # kept graphs (and, for a selector-only re-export, the family files)
+    # never a graph's stale file, even where the previous manifest was unreadable
+    graph_names = {n for g in GRAPHS for n in (f"{g}.onnx", data_file_name(Path(f"{g}.onnx")))}
+    stage.carry_rest(skip=_referenced(previous) | graph_names | {MANIFEST, MANIFEST + ".tmp"})
     graphs = {g: {**kept, **entries}[g] for g in GRAPHS if g in entries or g in kept}
+    selector_form = opts.selector_form if "selector" in entries else (previous or {}).get("selector_form")
     manifest = build_manifest(
         family=family, config=config, model_dir=model_dir, source_model=source_model, precision=opts.dtype,
         graphs=graphs, files=files, tokenizer_files=tok_files, processor_files=proc_files,
-        selector_form=opts.selector_form if "selector" in graphs else None, versions=_versions(opts.opset),
+        selector_form=selector_form if "selector" in graphs else None, versions=_versions(opts.opset),
     )
-    manifest["options"] = {**manifest.get("options", {}), **option_defaults}
-    write_manifest(output, manifest)
     bar.update()
     bar.close()
-    return ExportResult(output, manifest, seconds)
+    return manifest, seconds

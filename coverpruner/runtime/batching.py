@@ -138,6 +138,7 @@ class BatchGenerator:
                 raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's "
                                   f"KV capacity is {self.capacity} per request")
             handle, logits = self.decoder.join(native.embeds[rows][None].astype(np.float32), positions)
+            pipe._verified()  # no answer leaves before the background file check has passed (first request)
         except Exception as exc:  # noqa: BLE001 - the request fails alone; the batch goes on
             return BatchEvent(rid, error=exc)
         times = dict.fromkeys(TIMING_KEYS, 0.0)

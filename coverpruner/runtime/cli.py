@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.families import request_options
@@ -115,6 +117,20 @@ def read_messages(path: str) -> list:
     return messages
 
 
+def check_png_path(path: str) -> None:
+    """--save-selection: a .png file name in an existing, writable folder (checked before any work)."""
+    p = Path(path)
+    if p.is_dir():
+        raise OptionError(f"--save-selection {path}: is a directory; give a file name ending in .png")
+    if p.suffix.lower() != ".png":
+        raise OptionError(f"--save-selection {path}: the file is written as PNG; its name must end in .png")
+    parent = p.parent
+    if not parent.is_dir():
+        raise OptionError(f"--save-selection {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OptionError(f"--save-selection {path}: folder {parent} is not writable")
+
+
 def run(args) -> int:
     from coverpruner.runtime.pipeline import Pipeline
 
@@ -125,6 +141,8 @@ def run(args) -> int:
     if (args.messages is None) == (args.image is None and args.prompt is None) or \
             (args.messages is None and (args.image is None or args.prompt is None)):
         raise OptionError("give --image and --prompt, or --messages CONV.json (not both)")
+    if args.save_selection:
+        check_png_path(args.save_selection)
     messages = read_messages(args.messages) if args.messages is not None else None
     pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector,
                          prefix_cache_mb=args.prefix_cache_mb)

@@ -28,7 +28,8 @@ from typing import Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import REQUIRED_GRAPHS, Manifest, graph_spec, load_manifest, position_ids_input
+from coverpruner.engine_dir import (REQUIRED_GRAPHS, IntegrityCheck, Manifest, graph_spec, load_manifest,
+                                    position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.engines.ort_decoder import OrtDecoderSession
@@ -38,6 +39,8 @@ from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestErr
 from coverpruner.runtime.messages import DEFAULT_MAX_IMAGES, normalize, one_turn
 from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
+# parse_budget is also imported from here by the CLIs and the server
+from coverpruner.runtime.options import check_bool, check_max_new_tokens, check_seed, check_tau, parse_budget
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
@@ -52,19 +55,6 @@ DEMANDS = ("turn", "latest")
 #: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
 #: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
 DEFAULT_PREFIX_CACHE_MB = 0
-
-
-def parse_budget(budget) -> int | None:
-    """None / "full" -> None (no pruning); a positive int (or its string) -> int; else OptionError."""
-    if budget is None or (isinstance(budget, str) and budget.strip().lower() == "full"):
-        return None
-    try:
-        value = int(budget)
-    except (TypeError, ValueError):
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}") from None
-    if value < 1 or (isinstance(budget, float) and budget != value):
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r}")
-    return value
 
 
 def _selector(method: str):
@@ -108,6 +98,8 @@ class Pipeline:
         #: pruned-prefix KV snapshots, vision outputs and selections of earlier requests (runtime/prefix_cache.py)
         self.prefix_cache = PrefixCache(int(float(prefix_cache_mb) * 2 ** 20))
         self.provider = provider
+        #: the background re-check of the dir's files (engine_dir.IntegrityCheck) until it has passed
+        self._integrity: IntegrityCheck | None = None
         #: how the coverpruner method selects: "auto" (selector.onnx up to AUTO_ONNX_MAX_CANDIDATES candidates,
         #: numpy above), "onnx" or "numpy"; "numpy" whenever no selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
@@ -135,12 +127,18 @@ class Pipeline:
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
         #: "standard" or "ort" (graphs.decoder.form): the ORT form has its own in-place KV loop
         self.decoder_form = manifest.decoder_form
-        if self.decoder_form == "ort":
-            self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims, graph_spec(manifest, "decoder").rotary)
-        elif own_loop is not None:
-            self.decoder = own_loop(*dims, self.float_dtype)
-        else:
-            self.decoder = OrtDecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider))
+        try:
+            if self.decoder_form == "ort":
+                self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,
+                                                     graph_spec(manifest, "decoder").rotary)
+            elif own_loop is not None:
+                self.decoder = own_loop(*dims, self.float_dtype)
+            else:
+                self.decoder = OrtDecoderSession(sessions["decoder"], *dims, self.float_dtype, device_type(provider))
+        except ValueError as exc:  # dims.num_layers / num_kv_heads / head_dim disagree with the decoder graph
+            raise ManifestError(f"{manifest.root / 'manifest.json'}: dims (num_layers {dims[0]}, num_kv_heads "
+                                f"{dims[1]}, head_dim {dims[2]}) disagree with the decoder graph: "
+                                f"{str(exc).splitlines()[0]}") from None
 
     @property
     def num_visual_tokens(self) -> int:
@@ -178,7 +176,10 @@ class Pipeline:
             raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
         if selector not in SELECTOR_BACKENDS:
             raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
-        manifest = load_manifest(Path(path), verify=verify)
+        manifest = load_manifest(Path(path), verify=False)
+        # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
+        # while the sessions load and the first request runs; answers wait for it (see _verified)
+        integrity = verify_files(manifest, background=True) if verify else None
         if manifest.decoder_form == "ort" and (provider != "cpu" or session_factory is not None):
             raise OptionError(f"{manifest.root}: the decoder is in ORT form (graphs.decoder.form 'ort'), which runs "
                               f"on provider 'cpu' with ONNX Runtime only; got provider {provider!r}"
@@ -202,8 +203,12 @@ class Pipeline:
             try:
                 sessions[name] = factory(name, graph_spec(manifest, name).path)
             except (RuntimeError, OSError, ValueError) as exc:  # a session could not be built from a verified file
+                if integrity is not None:
+                    integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        return cls(manifest, sessions, provider, selector, prefix_cache_mb)
+        pipe = cls(manifest, sessions, provider, selector, prefix_cache_mb)
+        pipe._integrity = integrity
+        return pipe
 
     def clear_prefix_cache(self) -> None:
         """Forget every cached prefix, vision output and selection."""
@@ -283,7 +288,7 @@ class Pipeline:
         """Like chat, but iterating yields text pieces as they decode; ``.result`` at the end."""
         request = self.chat_request(messages, budget, method, demand, tau, max_new_tokens, temperature, top_p, seed,
                                     ignore_eos, max_images, **options)
-        return TextStream(self._generate(request))
+        return TextStream(self._checked(self._generate(request)))
 
     def chat_request(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn",
                      tau: float | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
@@ -298,7 +303,15 @@ class Pipeline:
             raise OptionError(f"max_images must be an integer >= 0, got {limit!r}")
         base = self.request(None, None, budget, method, tau, max_new_tokens, temperature, top_p, seed, ignore_eos,
                             **options)
-        return dataclasses.replace(base, conversation=normalize(messages, limit), demand=demand)
+        conversation = normalize(messages, limit)
+        text = "".join(m["content"] if isinstance(m.get("content"), str) else
+                       "".join(p.get("text", "") for p in m.get("content") or () if isinstance(p, dict)
+                               and isinstance(p.get("text"), str))
+                       for m in messages if isinstance(m, dict))
+        if not self.encoder.fits(text, self.max_positions):  # known from its length, before tokenizing
+            raise PromptError(f"messages hold {len(text)} characters of text, more than fit the context of "
+                              f"{self.max_positions} tokens")
+        return dataclasses.replace(base, conversation=conversation, demand=demand)
 
     def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                  max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
@@ -324,30 +337,49 @@ class Pipeline:
         """
         request = self.request(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
                                ignore_eos, **options)
-        return TextStream(self._generate(request))
+        return TextStream(self._checked(self._generate(request)))
 
     def request(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                 seed: int | None = None, ignore_eos: bool = False, **options) -> Request:
         """generate's arguments -> a validated Request (the input of the stages below): the conversation of one
-        user message [image, prompt]. OptionError (one line) for a bad option; the image and the prompt are
-        checked by native_sequence."""
+        user message [image, prompt] (chat_request passes image and prompt None and adds the conversation).
+        OptionError (one line) for a bad option or a prompt that cannot fit the context (known from its length,
+        before tokenizing); the image and the tokenized prompt are checked by native_sequence."""
         budget_n = parse_budget(budget)
         if budget_n is not None:
             _selector(method)  # an unknown method fails here, not halfway through the request
-        tau = float(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise OptionError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        sampling = SamplingConfig(temperature, top_p, seed)
-        stop_ids = frozenset() if ignore_eos else frozenset(self.eos_ids)
+        tau = check_tau(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        sampling = SamplingConfig(temperature, top_p, check_seed(seed))
+        stop_ids = frozenset() if check_bool("ignore_eos", ignore_eos) else frozenset(self.eos_ids)
         options = self.resolve_options(options)
         conversation = None
         if prompt is not None:
             if not isinstance(prompt, str):
                 raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
+            if not self.encoder.fits(prompt, self.max_positions):
+                raise PromptError(f"prompt is {len(prompt)} characters, more than fit the context of "
+                                  f"{self.max_positions} tokens")
             conversation = normalize(one_turn(image, prompt))
         return Request(image, prompt, budget_n, method, tau, max_new_tokens, sampling, stop_ids, options,
                        conversation)
+
+    def _verified(self) -> None:
+        """Wait for the background file check (first request only); ManifestError if a file changed."""
+        if self._integrity is not None:
+            self._integrity.result()
+            self._integrity = None
+
+    def _checked(self, gen):
+        """Run ``gen``; when a graph fails unexpectedly, a changed file (if any) is the error reported."""
+        try:
+            return (yield from gen)
+        except CoverPrunerError:
+            raise
+        except Exception:
+            self._verified()
+            raise
 
     def family_options(self) -> dict:
         """The family's request options and their values when a request names none: {name: default}."""
@@ -528,6 +560,7 @@ class Pipeline:
                 self.decoder.restore(snapshot)
         logits = self.decoder.forward(native.embeds[rows[cached:]][None],
                                       position_ids_input(positions[:, cached:], self.family_runtime.position_rank))
+        self._verified()  # no answer leaves before the background file check has passed (first request only)
         return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t}, cached, identity)
 
     def pruned_sequence(self, request: Request, native: NativeSequence,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coverpruner.runtime.errors import OptionError
+from coverpruner.runtime.options import check_seed, check_temperature, check_top_p
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,9 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0):
-            raise OptionError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise OptionError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        check_temperature(self.temperature)  # finite, >= 0 (runtime.options)
+        check_top_p(self.top_p)  # finite, in (0, 1]
+        check_seed(self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -41,10 +41,20 @@ class PromptEncoder:
             self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
         except Exception as exc:
             raise ManifestError(f"{tokenizer_path}: cannot load tokenizer ({exc})") from None
+        #: the most UTF-8 bytes of prompt text one token can stand for (bounds the token count from below)
+        self.max_token_bytes = max((len(t.encode("utf-8", "surrogatepass")) for t in self.tokenizer.get_vocab()),
+                                   default=1)
         self.image_token_id = int(image_token_id)
         if self.tokenizer.id_to_token(self.image_token_id) is None:
             raise ManifestError(f"{tokenizer_path}: image_token_id {image_token_id} is not in the vocabulary")
         self.family = family
+
+    def fits(self, prompt: str, max_tokens: int) -> bool:
+        """False when ``prompt`` certainly needs more than ``max_tokens`` tokens, known without tokenizing: no
+        token stands for more than max_token_bytes bytes of text (its vocabulary string, whose byte-level or
+        '▁' spelling is never shorter than the text it covers; x4 leaves room for normalizers that shorten text,
+        e.g. NFKC's ligatures). Tokenizing megabytes took seconds with the GIL held."""
+        return len(prompt) <= 4 * self.max_token_bytes * max_tokens
 
     def encode(self, prompt: str, num_image_rows: int) -> EncodedPrompt:
         """Lay out one user turn [image, ``prompt``] with the image placeholder expanded to ``num_image_rows``

@@ -21,13 +21,15 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError
 from coverpruner.serving.errors import APIError, bad_request
+from coverpruner.serving.images import REMOTE_TIMEOUT_S
+from coverpruner.serving.memory import release_freed_memory
 from coverpruner.serving.metrics import ServerMetrics
 from coverpruner.serving.request import GenerationRequest, build_request, option_param, pipeline_options
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
@@ -41,6 +43,13 @@ log = logging.getLogger("coverpruner.serving")
 _FINISH = {"eos": "stop", "length": "length", "context": "length"}
 #: How often a waiting request checks whether its client is still connected (seconds).
 _DISCONNECT_POLL_S = 0.25
+#: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
+#: Content-Length before reading, and while reading a body without one.
+MAX_BODY_BYTES = 48 * 2 ** 20
+#: Default deadline of one request (seconds): far above a 7B answer of max_tokens on an Orin, far below "stuck".
+REQUEST_TIMEOUT_S = 300.0
+#: Images above this many pixels leave large freed blocks in the allocator; the worker returns them afterwards.
+_LARGE_IMAGE_PIXELS = 4_000_000
 
 
 @dataclass
@@ -66,6 +75,10 @@ class ServerConfig:
     batch_context: int | None = None
     max_images: int | None = None  # most images per request (None: the manifest's defaults.max_images, else 8)
     prefix_cache_mb: float = 256  # per pipeline: pruned-prefix KV, vision outputs, selections (0: off)
+    remote_timeout_s: float = REMOTE_TIMEOUT_S  # a whole remote image fetch (with --allow-remote-images)
+    #: deadline of one chat completion from its arrival (queueing included); None: none. Past it: 504 (an error
+    #: event when streaming) and the generation is cancelled after its current token
+    request_timeout_s: float | None = REQUEST_TIMEOUT_S
 
     @property
     def served_name(self) -> str:
@@ -116,14 +129,18 @@ class ServerState:
         self.metrics = ServerMetrics(self.pool)
 
     def _finished(self, job: Job, outcome: str) -> None:
-        if outcome == "cancelled":
+        if outcome == "cancelled" and not job.timed_out:  # a timeout was counted when it was answered
             self.metrics.requests.labels("cancelled").inc()
 
     def error(self, exc: APIError) -> JSONResponse:
-        outcome = "rejected" if exc.status == 503 else "client_error" if exc.status < 500 else "server_error"
+        self.count_error(exc)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    def count_error(self, exc: APIError) -> None:
+        outcome = ("rejected" if exc.status == 503 else "timeout" if exc.status == 504 else
+                   "client_error" if exc.status < 500 else "server_error")
         self.metrics.requests.labels(outcome).inc()
         self.metrics.errors.labels(exc.code or exc.type).inc()
-        return JSONResponse(exc.body(), status_code=exc.status)
 
 
 def create_app(config: ServerConfig) -> FastAPI:
@@ -138,8 +155,14 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), None, "not_found" if exc.status_code == 404
-                                     else None).body(), status_code=exc.status_code)
+        return state.error(APIError(exc.status_code, str(exc.detail), None,
+                                    "not_found" if exc.status_code == 404 else None))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception):  # the server's own fault: still OpenAI's JSON, counted
+        log.exception("internal error")
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        return state.error(APIError(500, f"internal error: {type(exc).__name__}: {msg}", None, "internal_error"))
 
     @app.get("/health")
     async def health():
@@ -163,52 +186,121 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
+        arrived = time.monotonic()
         req = await _parse(request)
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
+
+        def check(messages: list, options: dict) -> None:
+            # Pipeline.chat_request checks every option, every message and the text's size at the call, before
+            # any work: first without the images (not yet fetched or decoded), then with them (their number)
+            if config.max_images is not None:
+                options["max_images"] = config.max_images
+            try:
+                state.pipelines[0].chat_request(messages, **options)
+            except CoverPrunerError as exc:
+                raise _api_error_from(exc, GenerationRequest(messages, options)) from None
+
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
-                                      config.allow_remote_images, state.options)
-        if config.max_images is not None:
-            gen.options["max_images"] = config.max_images
-        try:  # chat_request checks every option and message before any work
-            state.pipelines[0].chat_request(gen.messages, **gen.options)
-        except CoverPrunerError as exc:
-            raise _api_error_from(exc, gen) from None
-        job = Job(None, None, gen.options, asyncio.get_running_loop(), messages=gen.messages)
+                                      config.allow_remote_images, state.options, check, config.remote_timeout_s)
+        await run_in_threadpool(check, gen.messages, gen.options)
+        pixels = sum(p["image"].width * p["image"].height for m in gen.messages if isinstance(m["content"], list)
+                     for p in m["content"] if p["type"] == "image")
+        if pixels <= _LARGE_IMAGE_PIXELS:
+            return await _answer(state, request, gen, arrived)
+
+        def release() -> None:  # in a worker thread: malloc_trim walks every arena
+            gen.messages = None
+            release_freed_memory()
+
         try:
-            state.pool.submit(job)
-        except QueueFull as exc:
-            raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
-        watcher = asyncio.create_task(_watch_disconnect(job, request))
-        streaming = False
-        try:
-            first = await job.events.get()
-            if first[0] == "error":
-                raise _api_error_from(first[1], gen)
-            if first[0] == "cancelled":
-                return Response(status_code=499)  # nobody is listening
-            meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
-            if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
-                streaming = True
-                # background: also runs when the client left before the body started (then _sse never ran)
-                return StreamingResponse(_sse(state, job, gen, first, meta), media_type="text/event-stream",
-                                         headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
-            return await _complete(state, job, gen, first, meta)
-        finally:
-            watcher.cancel()
-            if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
-                job.cancel()
+            response = await _answer(state, request, gen, arrived)
+        except BaseException:
+            await run_in_threadpool(release)
+            raise
+        if isinstance(response, StreamingResponse):  # after the stream's last event, not at its first
+            tasks = BackgroundTasks()
+            bg = response.background
+            if bg is not None:
+                tasks.add_task(bg.func, *bg.args, **bg.kwargs)
+            tasks.add_task(release)
+            response.background = tasks
+        else:
+            await run_in_threadpool(release)
+        return response
 
     return app
 
 
+def _timeout_error(state: ServerState) -> APIError:
+    return APIError(504, f"request not answered within the server's deadline of "
+                         f"{state.config.request_timeout_s:g} s (--request-timeout); generation cancelled", None,
+                    "request_timeout", "timeout_error")
+
+
+async def _answer(state: ServerState, request: Request, gen: GenerationRequest, arrived: float):
+    """Queue the validated request on a worker and answer it (JSON or server-sent events); past the deadline
+    (``arrived`` + request_timeout_s) the job expires: 504, or an error event once streaming."""
+    timeout = state.config.request_timeout_s
+    left = None if timeout is None else arrived + timeout - time.monotonic()
+    if left is not None and left <= 0:
+        raise _timeout_error(state)
+    loop = asyncio.get_running_loop()
+    job = Job(None, None, gen.options, loop, messages=gen.messages)
+    try:
+        state.pool.submit(job)
+    except QueueFull as exc:
+        raise APIError(503, f"server busy: {exc}; retry later", None, "queue_full") from None
+    timer = None if left is None else loop.call_later(left, job.expire)
+    watcher = asyncio.create_task(_watch_disconnect(job, request))
+    streaming = False
+    try:
+        first = await job.events.get()
+        if first[0] == "timeout":
+            raise _timeout_error(state)
+        if first[0] == "error":
+            raise _api_error_from(first[1], gen)
+        if first[0] == "cancelled":
+            return Response(status_code=499)  # nobody is listening
+        meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
+        if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
+            streaming = True
+            # background: also runs when the client left before the body started (then _sse never ran)
+            return StreamingResponse(_sse(state, job, gen, first, meta, timer), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
+        return await _complete(state, job, gen, first, meta)
+    finally:
+        watcher.cancel()
+        if timer is not None and not streaming:  # a stream's timer runs until its last event (_sse)
+            timer.cancel()
+        if not streaming:  # no-op when finished; stops the worker if this handler was cancelled (Ray, shutdown)
+            job.cancel()
+
+
 # -- request parsing ------------------------------------------------------------------------------
+
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 413 past MAX_BODY_BYTES (from Content-Length before reading, else while reading)."""
+    too_large = APIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes", None, "request_too_large")
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
 
 async def _parse(request: Request) -> ChatCompletionRequest:
     try:
-        body = json.loads(await request.body())
+        body = json.loads(await _read_body(request))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", None, "invalid_json")
     try:
@@ -304,6 +396,8 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
         text.append(matcher.push(event[1])[0])
         event = await job.events.get()
     kind, value = event
+    if kind == "timeout":
+        raise _timeout_error(state)
     if kind == "error":
         raise _api_error_from(value, gen)
     if kind == "cancelled":
@@ -323,9 +417,10 @@ def _sse_data(obj) -> str:
     return f"data: {payload}\n\n"
 
 
-async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
+async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta, timer=None):
     """OpenAI chunk stream: role chunk, content chunks, a finish chunk (with the coverpruner object),
-    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream is an error event."""
+    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream (the deadline passing
+    included) is an error event."""
 
     def chunk(delta: Delta, finish=None, **extra) -> str:
         return _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
@@ -351,10 +446,9 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                     yield _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                                         choices=[], usage=_usage(value)))
                 break
-            elif kind == "error":
-                err = _api_error_from(value, gen)
-                state.metrics.requests.labels("client_error" if err.status < 500 else "server_error").inc()
-                state.metrics.errors.labels(err.code or err.type).inc()
+            elif kind in ("error", "timeout"):
+                err = _timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
+                state.count_error(err)
                 yield f"data: {json.dumps(err.body())}\n\n"
                 break
             else:  # cancelled
@@ -362,4 +456,6 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
             event = await job.events.get()
         yield "data: [DONE]\n\n"
     finally:
+        if timer is not None:
+            timer.cancel()
         job.cancel()  # no-op once finished; stops the worker when the client went away mid-stream

@@ -5,7 +5,8 @@
                       [--allow-local-files] [--allow-remote-images]
                       [--ray --replicas K [--ray-address ADDR]]
 
-Exit codes: 0 after a clean stop, 2 bad arguments or engine dir (one line on stderr), 1 unexpected failure.
+Exit codes: 0 after a clean stop, 2 bad arguments, engine dir or a port in use (one line on stderr), 1 unexpected
+failure.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--allow-local-files", action="store_true",
                       help="accept local image paths / file:// URLs (only for trusted clients)")
     http.add_argument("--allow-remote-images", action="store_true", help="fetch http(s):// image URLs")
+    http.add_argument("--remote-timeout", type=float, default=None, metavar="SECONDS",
+                      help="limit on a whole remote image fetch, redirects included (default 10)")
+    http.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                      help="deadline of one chat completion from arrival, queueing included: past it the answer "
+                           "is a 504 (an error event when streaming) and the generation is cancelled; 0 = none "
+                           "(default 300)")
     prune = p.add_argument_group("pruning defaults (a request's own budget / method fields win)")
     prune.add_argument("--budget", default=None,
                        help="visual tokens to keep, or 'full' (default: the manifest's); for harnesses that cannot "
@@ -104,6 +111,11 @@ def check_args(args) -> None:
         raise UsageError(f"--max-images must be >= 0, got {args.max_images}")
     if args.prefix_cache_mb < 0:
         raise UsageError(f"--prefix-cache-mb must be >= 0, got {args.prefix_cache_mb}")
+    if args.remote_timeout is not None and not 0 < args.remote_timeout <= 300:
+        raise UsageError(f"--remote-timeout must be in (0, 300] seconds, got {args.remote_timeout}")
+    if args.request_timeout is not None and not (args.request_timeout == 0 or
+                                                 0 < args.request_timeout <= 86400):
+        raise UsageError(f"--request-timeout must be 0 (none) or in (0, 86400] seconds, got {args.request_timeout}")
     if args.ray_cpus_per_replica < 0:
         raise UsageError(f"--ray-cpus-per-replica must be >= 0, got {args.ray_cpus_per_replica}")
 
@@ -116,7 +128,10 @@ def _config(args):
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
                         selector=args.selector, budget=args.budget, method=args.method, max_batch=args.max_batch,
                         batch_context=args.batch_context, max_images=args.max_images,
-                        prefix_cache_mb=args.prefix_cache_mb)
+                        prefix_cache_mb=args.prefix_cache_mb,
+                        **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}),
+                        **({} if args.request_timeout is None else
+                           {"request_timeout_s": args.request_timeout or None}))
 
 
 def _require(module: str, extra: str) -> None:
@@ -151,12 +166,30 @@ def run(args) -> int:
 
     from coverpruner.serving.app import create_app
 
+    sock = _listen(args.host, args.port)  # before the pipelines load: a busy port fails at once
     app = create_app(config)
     print(f"{PROG}: serving {config.served_name!r} on http://{args.host}:{args.port}/v1 "
           f"({args.workers} worker(s) x batch {app.state.server.max_batch}, queue {args.max_queue})", file=sys.stderr,
           flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
     return 0
+
+
+def _listen(host: str, port: int):
+    """A bound socket for uvicorn; UsageError (one line, exit 2) when the address is taken or not ours."""
+    import errno
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        why = "already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise UsageError(f"cannot listen on {host}:{port}: address {why}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,12 @@
 
 Accepted: ``data:image/<png|jpeg|webp>;base64,...`` URLs always; a local path (``file://`` URL or a
 plain path) only when the server runs with ``--allow-local-files``; ``http(s)://`` only with
-``--allow-remote-images`` (fetched with a size limit and a timeout). Other schemes are refused.
+``--allow-remote-images`` (fetched with a size limit, a limit on the whole fetch's time, and redirects only
+to http(s) without a downgrade from https). Other schemes are refused.
+
+Before an image is decoded its header is read and its size checked: at most MAX_IMAGE_PIXELS pixels and an
+aspect ratio of at most MAX_ASPECT_RATIO (the preprocessors scale the short side up to the model's input: a
+20,000 x 1 image became a 336 x 6.7M intermediate, 5.5 GB).
 """
 
 from __future__ import annotations
@@ -10,23 +15,36 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import threading
+import time
 import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from PIL import Image, UnidentifiedImageError
 
-from coverpruner.serving.errors import bad_request
+from coverpruner.serving.errors import APIError, bad_request
 
 #: Image formats the server decodes (PIL format names).
 FORMATS = ("PNG", "JPEG", "WEBP")
 #: Largest encoded image accepted from any source (bytes).
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
+#: Whole remote fetch (connect, redirects, every byte), seconds.
 REMOTE_TIMEOUT_S = 10.0
+#: Remote fetches in progress at once per process; more get 429 at once. Requests are parsed on the ASGI
+#: server's thread pool (40 threads), so 42 slow fetches used to block every other request for their duration.
+MAX_CONCURRENT_FETCHES = 8
+_fetch_slots = threading.BoundedSemaphore(MAX_CONCURRENT_FETCHES)
+#: Largest image accepted (pixels): 64 MP, above the 48-50 MP of today's phone cameras; decoded RGB <= 192 MiB.
+MAX_IMAGE_PIXELS = 64_000_000
+#: Longest side / shortest side, as coverpruner.images.MAX_ASPECT_RATIO (the runtime's own check): Qwen2-VL's
+#: processor's limit, 200:1. LLaVA's CLIP resize scales the short side to 336 px, so 200:1 bounds its
+#: intermediate at 67,200 x 336 (22.6 MP, 68 MB as uint8 RGB; 20,000 x 1 was 2.3 GP, 5.5 GB).
+MAX_ASPECT_RATIO = 200
 
 
 def load_image_url(url: str, param: str, allow_local_files: bool = False,
-                   allow_remote_images: bool = False) -> Image.Image:
+                   allow_remote_images: bool = False, timeout_s: float = REMOTE_TIMEOUT_S) -> Image.Image:
     """url -> fully decoded PIL image. Raises APIError(400) naming ``param`` on every refusal."""
     url = url.strip()
     scheme = urlparse(url).scheme.lower() if "://" in url or url.startswith("data:") else ""
@@ -37,7 +55,13 @@ def load_image_url(url: str, param: str, allow_local_files: bool = False,
             raise bad_request(f"remote image URLs are disabled on this server (start it with "
                               f"--allow-remote-images); send the image as a data: URL", param,
                               "remote_images_disabled")
-        data = _fetch(url, param)
+        if not _fetch_slots.acquire(blocking=False):
+            raise APIError(429, f"{MAX_CONCURRENT_FETCHES} remote image fetches are in progress; retry later or send "
+                                "the image as a data: URL", param, "too_many_remote_fetches")
+        try:
+            data = _fetch(url, param, timeout_s)
+        finally:
+            _fetch_slots.release()
     elif scheme in ("file", ""):
         if not allow_local_files:
             raise bad_request("local image paths are disabled on this server (start it with "
@@ -62,15 +86,43 @@ def _data_url_bytes(url: str, param: str) -> bytes:
     return data
 
 
-def _fetch(url: str, param: str) -> bytes:
+class _SameSchemeRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow a redirect only to http(s), and never from https to http (urllib would follow one to ftp://)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        old, new = urlparse(req.full_url).scheme.lower(), urlparse(newurl).scheme.lower()
+        if new not in ("http", "https") or (old == "https" and new == "http"):
+            raise _RedirectRefused(f"redirect from {req.full_url} to {newurl} changes the scheme to {new!r}")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+class _RedirectRefused(Exception):
+    pass
+
+
+def _fetch(url: str, param: str, timeout_s: float) -> bytes:
+    """GET url within timeout_s in total (a server dripping bytes cannot hold a worker longer)."""
+    deadline = time.monotonic() + timeout_s
+    opener = urllib.request.build_opener(_SameSchemeRedirects)
+    chunks, size = [], 0
     try:
-        with urllib.request.urlopen(url, timeout=REMOTE_TIMEOUT_S) as resp:
-            data = resp.read(MAX_IMAGE_BYTES + 1)
+        with opener.open(url, timeout=timeout_s) as resp:
+            while True:
+                if time.monotonic() > deadline:
+                    raise bad_request(f"cannot fetch image {url}: not complete after {timeout_s:g} s", param,
+                                      "image_fetch_failed")
+                block = resp.read1(1 << 16)
+                if not block:
+                    break
+                chunks.append(block)
+                size += len(block)
+                if size > MAX_IMAGE_BYTES:
+                    raise bad_request(f"image at {url} exceeds {MAX_IMAGE_BYTES} bytes", param, "image_too_large")
+    except _RedirectRefused as exc:
+        raise bad_request(f"cannot fetch image: {exc}", param, "invalid_image_url") from None
     except (OSError, ValueError) as exc:
         raise bad_request(f"cannot fetch image {url}: {exc}", param, "image_fetch_failed") from None
-    if len(data) > MAX_IMAGE_BYTES:
-        raise bad_request(f"image at {url} exceeds {MAX_IMAGE_BYTES} bytes", param, "image_too_large")
-    return data
+    return b"".join(chunks)
 
 
 def _read_local(path: str, param: str) -> bytes:
@@ -89,8 +141,23 @@ def _decode(data: bytes, param: str) -> Image.Image:
         if fmt not in FORMATS:
             raise bad_request(f"image format {fmt} is not supported; send one of {', '.join(FORMATS)}", param,
                               "unsupported_image_format")
+        check_image_size(img.size, param)  # from the header, before any pixel is decoded
         img.load()  # decode now: a truncated file fails here, not inside a worker
+    except Image.DecompressionBombError as exc:  # PIL's own guard, met when the header is read
+        raise bad_request(f"image is too large ({str(exc).split(',')[0]}); the limit is {MAX_IMAGE_PIXELS} pixels",
+                          param, "image_too_large") from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         raise bad_request(f"data is not a decodable image ({type(exc).__name__}: {str(exc).splitlines()[0]})",
                           param, "invalid_image") from None
     return img
+
+
+def check_image_size(size: tuple[int, int], param: str) -> None:
+    """(width, height) within MAX_IMAGE_PIXELS and MAX_ASPECT_RATIO, else APIError(400)."""
+    w, h = size
+    if w < 1 or h < 1 or w * h > MAX_IMAGE_PIXELS:
+        raise bad_request(f"image is {w} x {h} = {w * h} pixels; the limit is {MAX_IMAGE_PIXELS} pixels", param,
+                          "image_too_large")
+    if max(w, h) > MAX_ASPECT_RATIO * min(w, h):
+        raise bad_request(f"image is {w} x {h} (aspect ratio {max(w, h) / min(w, h):.0f}:1); the limit is "
+                          f"{MAX_ASPECT_RATIO}:1", param, "invalid_image")

@@ -17,7 +17,8 @@ class ServerMetrics:
     def __init__(self, pool=None):
         self.registry = r = CollectorRegistry()
         self.requests = Counter("coverpruner_requests", "Chat completion requests by outcome "
-                                "(ok, client_error, server_error, rejected, cancelled)", ["outcome"], registry=r)
+                                "(ok, client_error, server_error, rejected, cancelled, timeout)", ["outcome"],
+                                registry=r)
         self.errors = Counter("coverpruner_errors", "Error responses by OpenAI error code", ["code"], registry=r)
         self.stage_seconds = Histogram("coverpruner_stage_seconds", "Per-stage latency of finished generations",
                                        ["stage"], buckets=_LATENCY_BUCKETS, registry=r)

@@ -59,23 +59,58 @@ class GenerationRequest:
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
-                  allow_remote_images: bool, allowed: dict | None = None) -> GenerationRequest:
-    """Check the messages and options; decode the image. Raises APIError(400) naming the field.
+                  allow_remote_images: bool, allowed: dict | None = None, validate=None,
+                  remote_timeout_s: float | None = None) -> GenerationRequest:
+    """Check the messages and options, then decode the image. Raises APIError(400) naming the field.
 
     defaults: the engine manifest's defaults (``budget``, ``method``) used when the body has none.
     allowed: the extra fields accepted (default ``pipeline_options()`` without a loaded pipeline).
+    validate(messages, options): the pipeline's own checks (options, prompt size, messages; the image parts left
+    out), run before any image is
+    fetched or decoded so that a bad option costs no decoding.
     """
-    messages = _conversation(req, allow_local_files, allow_remote_images)
+    pending = _conversation(req)
     options = _options(req, defaults, pipeline_options() if allowed is None else allowed)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
+    _check_text(stop, "stop")
+    if validate is not None:
+        validate(_without_images(pending), options)
+    timeout = {} if remote_timeout_s is None else {"timeout_s": remote_timeout_s}
+    messages = [msg if isinstance(msg["content"], str) else
+                {**msg, "content": [{"type": "image", "image": load_image_url(p["url"], p["param"], allow_local_files,
+                                                                              allow_remote_images, **timeout)}
+                                    if p["type"] == "image_url" else p for p in msg["content"]]}
+                for msg in pending]
     return GenerationRequest(messages, options, stop, req.stream,
                              bool(req.stream_options and req.stream_options.include_usage))
 
 
-def _conversation(req: ChatCompletionRequest, allow_local_files: bool, allow_remote_images: bool) -> list[dict]:
-    """The messages with every image_url part decoded to {"type": "image", "image": PIL image}."""
+def _check_text(texts, param: str) -> None:
+    """Text must be encodable as UTF-8: JSON lets a lone surrogate (\\ud800) through, the tokenizer does not."""
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise bad_request(f"text holds a lone UTF-16 surrogate {text[exc.start]!r} at character {exc.start}; "
+                              "send valid Unicode", param, "invalid_text") from None
+
+
+def _without_images(pending: list[dict]) -> list[dict]:
+    """The conversation with each image part a 1 x 1 stand-in: what the pipeline's checks of the options, the
+    messages, the number of images and the text's size need, before any image is fetched or decoded."""
+    from PIL import Image
+
+    stand_in = Image.new("RGB", (1, 1))
+    return [msg if isinstance(msg["content"], str) else
+            {**msg, "content": [{"type": "image", "image": stand_in} if p["type"] == "image_url" else p
+                                for p in msg["content"]]} for msg in pending]
+
+
+def _conversation(req: ChatCompletionRequest) -> list[dict]:
+    """The messages, every text checked, every image_url part kept as {"type": "image_url", "url", "param"}
+    (decoded by build_request only once the options and texts passed)."""
     out = []
     for i, msg in enumerate(req.messages):
         role = _ROLES.get(msg.role)
@@ -84,6 +119,7 @@ def _conversation(req: ChatCompletionRequest, allow_local_files: bool, allow_rem
                               f"{sorted(_ROLES)}", f"messages[{i}].role", "unsupported_role")
         content = msg.content if msg.content is not None else ""
         if isinstance(content, str):
+            _check_text([content], f"messages[{i}].content")
             out.append({"role": role, "content": content})
             continue
         parts = []
@@ -91,6 +127,7 @@ def _conversation(req: ChatCompletionRequest, allow_local_files: bool, allow_rem
             param = f"messages[{i}].content[{j}]"
             kind = part.get("type")
             if kind == "text" and isinstance(part.get("text"), str):
+                _check_text([part["text"]], f"{param}.text")
                 parts.append({"type": "text", "text": part["text"]})
             elif kind == "image_url":
                 url = part.get("image_url")
@@ -101,8 +138,7 @@ def _conversation(req: ChatCompletionRequest, allow_local_files: bool, allow_rem
                 if role != "user":
                     raise bad_request(f"images belong in user messages, not {msg.role!r} ones", param,
                                       "invalid_image_url")
-                image = load_image_url(url, f"{param}.image_url.url", allow_local_files, allow_remote_images)
-                parts.append({"type": "image", "image": image})
+                parts.append({"type": "image_url", "url": url, "param": f"{param}.image_url.url"})
             elif kind == "text":
                 raise bad_request("text part needs a string field 'text'", f"{param}.text")
             else:

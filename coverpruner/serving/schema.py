@@ -11,9 +11,14 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED
+
+# strict: JSON types as OpenAI documents them, no coercion ("16" or true is not an int, "yes" not a bool);
+# allow_inf_nan=False: Python's json module reads Infinity / NaN, which no OpenAI field means
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class Message(_Strict):
@@ -31,15 +36,15 @@ class StreamOptions(_Strict):
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions body. Extra fields land in ``model_extra`` (pipeline options)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str
     messages: list[Message] = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None

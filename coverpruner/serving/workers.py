@@ -28,7 +28,8 @@ class QueueFull(Exception):
 
 class Job:
     """One admitted request. Events on ``events``: ("piece", str), ("done", GenerationResult),
-    ("error", exception) or ("cancelled", None) — the last one always ends the job."""
+    ("error", exception) or ("cancelled", None) — the last one always ends the job — and ("timeout", None)
+    from ``expire``, put by the event loop itself so the handler answers without waiting for the worker."""
 
     def __init__(self, image, prompt: str | None, options: dict, loop: asyncio.AbstractEventLoop, messages=None):
         # messages: a conversation for Pipeline.chat_stream; else image + prompt for Pipeline.stream
@@ -36,9 +37,17 @@ class Job:
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
+        self.timed_out = False
 
     def cancel(self) -> None:
         self._cancel.set()
+
+    def expire(self) -> None:
+        """The request's deadline passed (call in the event loop): the worker stops after its current token
+        (or never starts), and the handler wakes at once."""
+        self.timed_out = True
+        self.cancel()
+        self.events.put_nowait(("timeout", None))
 
     @property
     def cancelled(self) -> bool:

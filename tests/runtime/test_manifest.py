@@ -11,7 +11,6 @@ import pytest
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import load_manifest, position_ids_input, read_raw, write_manifest
-from coverpruner.filehash import sha256_file
 from coverpruner.runtime.errors import ManifestError
 
 
@@ -155,7 +154,8 @@ def test_verification_cache_skips_rehash_until_file_changes(tmp_path, monkeypatc
     load_manifest(d)
     calls = []
     import coverpruner.engine_dir as mod
-    monkeypatch.setattr(mod, "sha256_file", lambda p, chunk=1 << 20: calls.append(p.name) or sha256_file(p))
+    # sha256 runs in the one read pass that also records the fast xxh3 digest (filehash.sha256_and_xxh3)
+    monkeypatch.setattr(mod, "sha256_and_xxh3", lambda p, _real=mod.sha256_and_xxh3: calls.append(p.name) or _real(p))
     load_manifest(d)
     assert calls == []  # unchanged files: no re-hash
     (d / "embed.onnx").write_bytes((d / "embed.onnx").read_bytes())  # rewrite: new mtime

@@ -10,14 +10,13 @@ data files) is rewritten through the export's manifest writer and a `quantizatio
                      "tool": "onnxruntime.quantization.MatMulNBitsQuantizer 1.31.1"}
 
 `precision` stays the float precision of activations (fp32 / fp16): the runtime's input and KV dtypes.
-Nothing is written half-way: the new graph files are written into a temporary folder of the engine dir,
-checked (onnx.checker), and only then moved over the old ones, and the manifest is written last.
+Nothing is written half-way: the new graph files are written into a staging dir beside the engine dir and
+checked (onnx.checker), the other files are hard-linked in, the manifest is written, and only then does the
+stage replace the dir (coverpruner.staged_dir); a failed or killed run leaves the dir as it was.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from coverpruner.engine_dir import MANIFEST, read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.export.manifest import graph_entry
 from coverpruner.export.onnx_io import EXTERNAL_DATA_BYTES, MAX_IR_VERSION, SavedGraph, check, data_file_name
+from coverpruner.staged_dir import StagedDir
 
 WEIGHT_BITS = {"int4": 4, "int8": 8}  # --quantize -> bits per weight
 FORMATS = ("ort", "qdq")
@@ -35,7 +35,7 @@ BLOCK_SIZES = (32, 64, 128)
 QUANT_GRAPHS = ("decoder", "vision", "probe", "embed")
 #: Weight-only ops this pass writes; a graph holding any of them is already quantized.
 QUANT_OPS = ("MatMulNBits", "DequantizeLinear", "GatherBlockQuantized")
-TMP_DIR = ".quantize-tmp"
+TMP_DIR = ".quantize-tmp"  # where earlier versions staged graphs inside the dir; not carried over
 DEFAULT_ACCURACY_LEVEL = 4  # MatMulNBits int8 compute: see QuantOptions
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 
@@ -197,19 +197,22 @@ def _tool(opts: QuantOptions, graphs) -> str:
 def quantize_engine_dir(directory: str | Path, opts: QuantOptions, progress: bool = False) -> QuantResult:
     """Quantize `opts.graphs` of the engine dir in place and record it in manifest.json (see module doc).
 
-    Four steps: check the directory, write every quantized graph into a temporary folder, swap them in over the
-    float ones, record the pass in the manifest. Raises QuantizeError for a bad option, a directory without a
+    Three steps: check the directory, write every quantized graph and the new manifest into a staging dir beside
+    it (the other files hard-linked in), and swap the stage in only when complete (coverpruner.staged_dir): a
+    killed run leaves the directory as it was. Raises QuantizeError for a bad option, a directory without a
     manifest, a graph the manifest lacks, or a directory that is already quantized; the directory is unchanged then.
     """
     opts.validate()
     directory = Path(directory)
     manifest = _checked_manifest(directory, opts)
-    tmp = directory / TMP_DIR
-    records, before, saved = _write_quantized(directory, tmp, manifest, opts, progress)
-    after = _swap_in(directory, tmp, manifest, saved)
-    record = _record(opts, records)
-    manifest["quantization"] = record
-    write_manifest(directory, manifest)
+    old_files = {f for g in opts.graphs for f in [manifest["graphs"][g]["file"],
+                                                   *manifest["graphs"][g].get("data_files", [])]}
+    with StagedDir(directory) as stage:
+        records, before, after = _write_quantized(directory, stage.path, manifest, opts, progress)
+        stage.carry_rest(skip=old_files | {MANIFEST, TMP_DIR})
+        record = _record(opts, records)
+        manifest["quantization"] = record
+        write_manifest(stage.path, manifest)
     return QuantResult(record, before, after)
 
 
@@ -238,53 +241,32 @@ def _checked_manifest(directory: Path, opts: QuantOptions) -> dict:
     return manifest
 
 
-def _write_quantized(directory: Path, tmp: Path, manifest: dict, opts: QuantOptions, progress: bool):
-    """Quantize each graph into `tmp` (removed again on any error, the directory untouched).
-
-    Returns ({graph: its quantization record}, {graph: float bytes}, {graph: SavedGraph in tmp})."""
+def _write_quantized(directory: Path, stage: Path, manifest: dict, opts: QuantOptions, progress: bool):
+    """Quantize each graph of `directory` into `stage` and point `manifest`'s graph entries at the new files (in
+    memory; the caller writes the manifest into the stage). The entry's other facts (decoder form, rotary) stay as
+    exported. Returns ({graph: its quantization record}, {graph: float bytes}, {graph: quantized bytes})."""
     from tqdm.auto import tqdm
 
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    records, before, saved = {}, {}, {}
-    try:
-        for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
-            entry = manifest["graphs"][g]
-            try:
-                model = onnx.load(str(directory / entry["file"]))  # with external data
-            except (OSError, onnx.checker.ValidationError) as exc:
-                raise QuantizeError(f"{directory / entry['file']}: cannot be read ({exc})") from exc
-            before[g] = graph_bytes(directory, entry)
-            model, records[g] = _quantize_model(model, g, opts, manifest["dims"]["vocab_size"])
-            nbytes = sum(t.ByteSize() for t in model.graph.initializer)
-            external = bool(entry.get("data_files")) or nbytes > EXTERNAL_DATA_BYTES
-            saved[g] = _save(model, tmp / entry["file"], external)
-            del model
-    except onnx.checker.ValidationError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise QuantizeError(f"quantized graph failed onnx.checker: {exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return records, before, saved
-
-
-def _swap_in(directory: Path, tmp: Path, manifest: dict, saved: dict) -> dict:
-    """Every graph is written and checked: move them over the float ones and point `manifest`'s graph entries at
-    them (in memory; the caller writes the manifest). Returns {graph: quantized bytes}."""
-    after = {}
-    for g, s in saved.items():
+    records, before, after = {}, {}, {}
+    for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
         entry = manifest["graphs"][g]
-        for f in [entry["file"], *entry.get("data_files", [])]:
-            (directory / f).unlink(missing_ok=True)
-        for f in [s.onnx_file.name, *s.data_files]:
-            os.replace(tmp / f, directory / f)
-        # the new files' hashes and I/O; the entry's other facts (decoder form, rotary) stay as exported
+        try:
+            model = onnx.load(str(directory / entry["file"]))  # with external data
+        except (OSError, onnx.checker.ValidationError) as exc:
+            raise QuantizeError(f"{directory / entry['file']}: cannot be read ({exc})") from exc
+        before[g] = graph_bytes(directory, entry)
+        model, records[g] = _quantize_model(model, g, opts, manifest["dims"]["vocab_size"])
+        nbytes = sum(t.ByteSize() for t in model.graph.initializer)
+        external = bool(entry.get("data_files")) or nbytes > EXTERNAL_DATA_BYTES
+        try:
+            saved = _save(model, stage / entry["file"], external)
+        except onnx.checker.ValidationError as exc:
+            raise QuantizeError(f"quantized graph failed onnx.checker: {exc}") from exc
+        del model
         kept = {k: v for k, v in entry.items() if k in ("form", "rotary")}
-        manifest["graphs"][g] = {**graph_entry(SavedGraph(directory / s.onnx_file.name, s.data_files)), **kept}
-        after[g] = graph_bytes(directory, manifest["graphs"][g])
-    shutil.rmtree(tmp, ignore_errors=True)
-    return after
+        manifest["graphs"][g] = {**graph_entry(saved), **kept}
+        after[g] = graph_bytes(stage, manifest["graphs"][g])
+    return records, before, after
 
 
 def _record(opts: QuantOptions, records: dict) -> dict:
