@@ -155,12 +155,17 @@ def greedy_incremental(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
     return np.asarray(picks, dtype=np.int64)
 
 
-_GREEDY = {"reference": greedy_reference, "numpy": greedy_incremental}
-
-
 def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float = 0.3,
-                          backend: str = "numpy") -> np.ndarray:
-    """Coverage selection for one image. features [n, d]; relevance [n] or None. Returns int64 [m] ascending."""
+                          backend: str = "numpy", dtype=None) -> np.ndarray:
+    """Coverage selection for one image or video. features [n, d]; relevance [n] or None. Returns int64 [m]
+    ascending.
+
+    backend "reference": the literal greedy on float64 A [n, n] (plus one [n, n] step buffer). "numpy" (blocked
+    incremental update) and "lazy" (upper-bound greedy), blocked.py: one utility buffer [n, n] of `dtype`
+    (default: float64 up to n = 11,585, float32 above) and temporaries of at most blocked.BLOCK_BYTES; the
+    reference's picks (float32 utilities: by the float32 rule)."""
+    from .blocked import greedy_blocked, greedy_lazy, utilities
+
     v = check_features(features)
     n = v.shape[0]
     budget = check_budget(budget)
@@ -169,5 +174,8 @@ def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float
     if budget >= n:
         return np.arange(n, dtype=np.int64)
     w = np.ones(n) if r is None else demand_weights(r, tau)
-    a = coverage_utilities(v)
-    return np.sort(_GREEDY[backend](a, w, budget))
+    if backend == "reference":
+        return np.sort(greedy_reference(coverage_utilities(v), w, budget))
+    if backend == "lazy":
+        return np.sort(greedy_lazy(utilities(v, dtype, transposed=True), w, budget))
+    return np.sort(greedy_blocked(utilities(v, dtype), w, budget))
