@@ -28,54 +28,122 @@ def _const(name: str, value, dtype=None) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
 
 
-def _loop_body() -> onnx.GraphProto:
-    """One greedy step. Carried: c [n] coverage, taken [1, n] bool. Scan output: the pick k [1] int64.
+#: candidates whose gains each step re-sums (the K highest bounds); the step falls back to every gain only when
+#: the (K + 1)-th bound could still reach the best fresh gain's tie window
+LAZY_CANDIDATES = 64
+#: float32 bounds stay bounds up to this many ulps (a sum of non-negative terms that only fall, in one reduction
+#: order, cannot rise; the slack covers a different order for the fallback's [n, n] reduction)
+BOUND_ULPS = 16.0
 
-    c is carried 1-D and reshaped to a column inside the body: TensorRT-RTX 1.7's Myelin compiler rejects a
-    loop-carried [n, 1] tensor that is broadcast against A (CHECK(dim_count == stride_order.size())).
+
+def _value(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _fresh_branch() -> onnx.GraphProto:
+    """If-branch taken when the K re-summed gains decide the step: the pick is the lowest index among those
+    within the tie window of their best. Outputs: bounds [n] (the fresh gains scattered in), k [1]."""
+    n = helper.make_node
+    nodes = [
+        n("ScatterElements", ["ub_in", "cand_idx", "fresh"], ["ub_fresh"], axis=0),
+        # lowest index in the window: the unique max of tied * (n - index), in float32 (exact below 2^24)
+        n("GreaterOrEqual", ["fresh", "threshold"], ["cand_tied"]),
+        n("Sub", ["n_tokens", "cand_idx"], ["cand_rank"]),
+        n("Cast", ["cand_rank"], ["cand_rank_f"], to=TensorProto.FLOAT),
+        n("Where", ["cand_tied", "cand_rank_f", "zero_f"], ["cand_ranked"]),
+        n("ReduceMax", ["cand_ranked"], ["rank_fresh"], keepdims=1),  # [1]
+        n("Sub", ["n_f", "rank_fresh"], ["k_fresh_f"]),
+        n("Cast", ["k_fresh_f"], ["k_fresh"], to=TensorProto.INT64),
+    ]
+    return helper.make_graph(nodes, "decided_by_candidates", inputs=[],
+                             outputs=[_value("ub_fresh", TensorProto.FLOAT, ["n"]),
+                                      _value("k_fresh", TensorProto.INT64, [1])])
+
+
+def _full_branch() -> onnx.GraphProto:
+    """If-branch when a stale bound outside the K could still reach the tie window: every gain re-summed, as the
+    literal greedy does, and the lowest index within the window of the best. Outputs as _fresh_branch."""
+    n = helper.make_node
+    nodes = [
+        n("Sub", ["At", "c_row"], ["excess_all"]),  # [n, n]
+        n("Relu", ["excess_all"], ["uncovered_all"]),
+        n("MatMul", ["uncovered_all", "w_col"], ["gain_all_col"]),  # [n, 1]
+        n("Reshape", ["gain_all_col", "shape_1_neg"], ["gain_all_raw"]),
+        n("Where", ["taken_in", "neg_inf_n", "gain_all_raw"], ["ub_full"]),
+        n("ReduceMax", ["ub_full"], ["best_all"], keepdims=1),
+        n("Abs", ["best_all"], ["best_all_abs"]),
+        n("Mul", ["best_all_abs", "tie_rtol"], ["window_all"]),
+        n("Sub", ["best_all", "window_all"], ["threshold_all"]),
+        n("GreaterOrEqual", ["ub_full", "threshold_all"], ["tied_all"]),
+        n("Where", ["tied_all", "rank_f", "zero_f"], ["ranked_all"]),
+        n("ReduceMax", ["ranked_all"], ["rank_full"], keepdims=1),  # [1]
+        n("Sub", ["n_f", "rank_full"], ["k_full_f"]),
+        n("Cast", ["k_full_f"], ["k_full"], to=TensorProto.INT64),
+    ]
+    return helper.make_graph(nodes, "decided_by_all_gains", inputs=[],
+                             outputs=[_value("ub_full", TensorProto.FLOAT, ["n"]),
+                                      _value("k_full", TensorProto.INT64, [1])])
+
+
+def _loop_body() -> onnx.GraphProto:
+    """One lazy greedy step. Carried: c [n] coverage, taken [n] bool, ub [n] upper bounds of the gains (stale
+    fresh sums; -inf once taken). Scan output: the pick k [1] int64.
+
+    Gains only fall as coverage rises (the objective is monotone submodular), so a gain summed at an earlier
+    step bounds it now. The K highest bounds are re-summed; if the best bound outside them cannot reach the tie
+    window of the best fresh gain, the pick is among the K (lowest index in the window), else every gain is
+    re-summed (the If's other branch). Vectors are 1-D: TensorRT-RTX 1.7's Myelin rejects a loop-carried [n, 1]
+    tensor broadcast against A (CHECK(dim_count == stride_order.size())).
     """
     n = helper.make_node
     nodes = [
-        n("Reshape", ["c_in", "shape_col"], ["c_col"]),  # [n, 1]
-        # uncovered gain of every candidate column: sum_i w_i * relu(A_ik - c_i)   -> gain [1, n]
-        n("Sub", ["A", "c_col"], ["excess"]),
+        n("Reshape", ["c_in", "shape_row"], ["c_row"]),  # [1, n]
+        n("Concat", ["ub_in", "neg_inf_1"], ["ub_pad"], axis=0),  # [n + 1]: a (K + 1)-th bound always exists
+        n("TopK", ["ub_pad", "k_plus_1"], ["top_ub", "top_idx"], axis=0, largest=1, sorted=1),
+        n("Slice", ["top_idx", "zero_1", "k_1", "axis0"], ["cand_idx"]),  # [K] highest bounds
+        n("Slice", ["top_ub", "k_1", "k_plus_1", "axis0"], ["next_ub"]),  # [1] the best bound left out
+        # fresh gains of the K: sum_i w_i relu(A^T[k, i] - c_i)
+        n("Gather", ["At", "cand_idx"], ["cand_rows"], axis=0),  # [K, n]
+        n("Sub", ["cand_rows", "c_row"], ["excess"]),
         n("Relu", ["excess"], ["uncovered"]),
-        n("Mul", ["uncovered", "w_col"], ["weighted"]),
-        n("ReduceSum", ["weighted", "axis0"], ["gain_raw"], keepdims=1),
-        n("Where", ["taken_in", "neg_inf", "gain_raw"], ["gain"]),
-        # lowest index among the maxima: unique max of is_best * (n - index)
-        n("ReduceMax", ["gain"], ["best"], keepdims=1),  # gain is [1, n]: reduce all, no axes (opset-agnostic)
+        n("MatMul", ["uncovered", "w_col"], ["fresh_col"]),  # [K, 1]
+        n("Reshape", ["fresh_col", "shape_1_neg"], ["fresh_raw"]),
+        n("Gather", ["taken_in", "cand_idx"], ["cand_taken"], axis=0),  # when fewer than K remain
+        n("Where", ["cand_taken", "neg_inf_k", "fresh_raw"], ["fresh"]),
+        n("ReduceMax", ["fresh"], ["best"], keepdims=1),
         n("Abs", ["best"], ["best_abs"]),
-        n("Mul", ["best_abs", "tie_rtol"], ["tie_window"]),  # relative to the current best gain
-        n("Sub", ["best", "tie_window"], ["threshold"]),
-        n("GreaterOrEqual", ["gain", "threshold"], ["is_best"]),
-        n("Cast", ["is_best"], ["is_best_f"], to=TensorProto.FLOAT),
-        n("Mul", ["is_best_f", "rank_row"], ["ranked"]),
-        n("ArgMax", ["ranked"], ["k_2d"], axis=1, keepdims=1, select_last_index=0),  # [1, 1]
-        n("Reshape", ["k_2d", "shape_1"], ["k"]),
-        # c <- max(c, A[:, k]); taken[k] <- true
-        n("Gather", ["A", "k"], ["a_col"], axis=1),  # [n, 1]
-        n("Max", ["c_col", "a_col"], ["c_next"]),
-        n("Reshape", ["c_next", "shape_1_neg"], ["c_out"]),
-        n("Equal", ["index_row", "k_2d"], ["is_k"]),
+        n("Mul", ["best_abs", "tie_rtol"], ["window"]),
+        n("Sub", ["best", "window"], ["threshold"]),
+        n("Mul", ["next_ub", "bound_grow"], ["next_bound"]),
+        n("Less", ["next_bound", "threshold"], ["decided_1"]),
+        n("Reshape", ["decided_1", "shape_scalar"], ["decided"]),
+        n("If", ["decided"], ["ub_step", "k"], then_branch=_fresh_branch(), else_branch=_full_branch()),
+        # c <- max(c, A[:, k]) = max(c, A^T[k]); taken[k] <- true; its bound -inf
+        n("Gather", ["At", "k"], ["a_row"], axis=0),  # [1, n]
+        n("Reshape", ["a_row", "shape_1_neg"], ["a_k"]),
+        n("Max", ["c_in", "a_k"], ["c_out"]),
+        n("Equal", ["index", "k"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
+        n("Where", ["is_k", "neg_inf_n", "ub_step"], ["ub_out"]),
         n("Identity", ["cond_in"], ["cond_out"]),  # never false: no early exit
         n("Identity", ["k"], ["k_out"]),
     ]
     return helper.make_graph(
         nodes,
-        "greedy_step",
+        "lazy_greedy_step",
         inputs=[
-            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("taken_in", TensorProto.BOOL, [1, "n"]),
+            _value("iter", TensorProto.INT64, []),
+            _value("cond_in", TensorProto.BOOL, []),
+            _value("c_in", TensorProto.FLOAT, ["n"]),
+            _value("taken_in", TensorProto.BOOL, ["n"]),
+            _value("ub_in", TensorProto.FLOAT, ["n"]),
         ],
         outputs=[
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("taken_out", TensorProto.BOOL, [1, "n"]),
-            helper.make_tensor_value_info("k_out", TensorProto.INT64, [1]),
+            _value("cond_out", TensorProto.BOOL, []),
+            _value("c_out", TensorProto.FLOAT, ["n"]),
+            _value("taken_out", TensorProto.BOOL, ["n"]),
+            _value("ub_out", TensorProto.FLOAT, ["n"]),
+            _value("k_out", TensorProto.INT64, [1]),
         ],
     )
 
@@ -102,6 +170,11 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
         _const("true", True, np.bool_),
+        _const("zero_1", [0], np.int64),
+        _const("one_1", [1], np.int64),
+        _const("shape_scalar", np.zeros(0, np.int64)),
+        _const("lazy_k", LAZY_CANDIDATES, np.int64),
+        _const("bound_grow", 1.0 + BOUND_ULPS * EPS32, np.float32),
         # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
         n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
         n("Mul", ["v", "v"], ["v_sq"]),
@@ -115,9 +188,12 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Shape", ["v"], ["v_shape"]),
         n("Gather", ["v_shape", "zero_i"], ["n_tokens"], axis=0),  # int64 scalar
         n("Cast", ["n_tokens"], ["n_f"], to=TensorProto.FLOAT),
-        n("Div", ["row_sum", "n_f"], ["row_mean"]),
-        n("Sub", ["M", "row_mean"], ["centred"]),
-        n("Relu", ["centred"], ["A"]),
+        n("Div", ["row_sum", "n_f"], ["row_mean"]),  # [n, 1]: mu_i
+        n("Reshape", ["row_mean", "shape_row"], ["mean_row"]),  # [1, n]
+        # A^T[k, i] = relu(M[k, i] - mu_i) = A[i, k] (M symmetric): row k = candidate k's utilities, so the
+        # loop gathers a candidate's utilities as one contiguous row
+        n("Sub", ["M", "mean_row"], ["centred"]),
+        n("Relu", ["centred"], ["At"]),
         # demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]
         n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
         n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
@@ -135,19 +211,25 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Min", ["n_plus_1", "max_tie_ulps"], ["tie_ulps"]),
         n("Mul", ["tie_ulps", "eps32"], ["tie_rtol"]),
         # loop state and constants the body reads from the outer scope
-        n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
-        n("Reshape", ["index", "shape_row"], ["index_row"]),  # [1, n] int64
+        n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),  # [n] int64
         n("Sub", ["n_tokens", "index"], ["rank"]),
-        n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),
-        n("Reshape", ["rank_f", "shape_row"], ["rank_row"]),  # n - index, so the lowest index ranks highest
+        n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),  # n - index: the lowest index ranks highest
         n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
+        n("Expand", ["neg_inf", "n_1d"], ["neg_inf_n"]),
+        n("Reshape", ["neg_inf", "shape_1"], ["neg_inf_1"]),
+        n("Min", ["n_tokens", "lazy_k"], ["k_scalar"]),  # K = min(LAZY_CANDIDATES, n)
+        n("Reshape", ["k_scalar", "shape_1"], ["k_1"]),
+        n("Add", ["k_1", "one_1"], ["k_plus_1"]),
+        n("Expand", ["neg_inf", "k_1"], ["neg_inf_k"]),
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
-        n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
+        n("Equal", ["index", "n_tokens"], ["taken0"]),  # all false, [n]
+        n("MatMul", ["At", "w_col"], ["gain0_col"]),  # c = 0: the first gains, exact bounds
+        n("Reshape", ["gain0_col", "shape_1_neg"], ["ub0"]),
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
         # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
         # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
         # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
-        n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],
+        n("Loop", ["trip_count", "true", "c0", "taken0", "ub0"], ["c_final", "taken_final", "ub_final", "picks"],
           body=_loop_body()),
         # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable
         n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),

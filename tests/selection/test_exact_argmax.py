@@ -62,3 +62,29 @@ def test_seeded_inputs_up_to_2880_tokens_give_the_literal_greedy_set(label, back
         assert_same_or_not_worse(keep, v, r, budget, want=literal(label))
     else:
         np.testing.assert_array_equal(keep, literal(label))
+
+
+_N8192: dict = {}
+
+
+def _input_8192():
+    """Clustered features [8192, 64] float32 (8192 // 16 centres), relevance [8192], budget 64, and the literal
+    float64 greedy's indices (one [n, n] float64 A and one step buffer: 1.1 GB; ~0.3 s a step)."""
+    if not _N8192:
+        rng = np.random.default_rng(8192)
+        centres = rng.standard_normal((512, 64))
+        v = (centres[rng.integers(0, 512, 8192)] + 0.7 * rng.standard_normal((8192, 64))).astype(np.float32)
+        r = rng.random(8192).astype(np.float32)
+        _N8192.update(v=v, r=r, budget=64, want=coverage_reference(v, r, 64))
+    return _N8192
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["numpy", "lazy", "numpy-float32"])
+def test_8192_tokens_give_the_literal_greedy_set(backend):
+    case = _input_8192()
+    keep = select(case["v"], case["r"], case["budget"], backend)
+    if backend.endswith("float32"):
+        assert_same_or_not_worse(keep, case["v"], case["r"], case["budget"], want=case["want"])
+    else:
+        np.testing.assert_array_equal(keep, case["want"])
