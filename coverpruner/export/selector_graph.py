@@ -56,7 +56,7 @@ def _fresh_branch() -> onnx.GraphProto:
         n("Cast", ["k_fresh_f"], ["k_fresh"], to=TensorProto.INT64),
     ]
     return helper.make_graph(nodes, "decided_by_candidates", inputs=[],
-                             outputs=[_value("ub_fresh", TensorProto.FLOAT, ["n"]),
+                             outputs=[_value("ub_fresh", TensorProto.FLOAT, ["n_plus_k"]),
                                       _value("k_fresh", TensorProto.INT64, [1])])
 
 
@@ -69,19 +69,20 @@ def _full_branch() -> onnx.GraphProto:
         n("Relu", ["excess_all"], ["uncovered_all"]),
         n("MatMul", ["uncovered_all", "w_col"], ["gain_all_col"]),  # [n, 1]
         n("Reshape", ["gain_all_col", "shape_1_neg"], ["gain_all_raw"]),
-        n("Where", ["taken_in", "neg_inf_n", "gain_all_raw"], ["ub_full"]),
-        n("ReduceMax", ["ub_full"], ["best_all"], keepdims=1),
+        n("Where", ["taken_in", "neg_inf_n", "gain_all_raw"], ["gain_all"]),
+        n("Concat", ["gain_all", "neg_inf_k"], ["ub_full"], axis=0),  # [n + K], padded like ub
+        n("ReduceMax", ["gain_all"], ["best_all"], keepdims=1),
         n("Abs", ["best_all"], ["best_all_abs"]),
         n("Mul", ["best_all_abs", "tie_rtol"], ["window_all"]),
         n("Sub", ["best_all", "window_all"], ["threshold_all"]),
-        n("GreaterOrEqual", ["ub_full", "threshold_all"], ["tied_all"]),
+        n("GreaterOrEqual", ["gain_all", "threshold_all"], ["tied_all"]),
         n("Where", ["tied_all", "rank_f", "zero_f"], ["ranked_all"]),
         n("ReduceMax", ["ranked_all"], ["rank_full"], keepdims=1),  # [1]
         n("Sub", ["n_f", "rank_full"], ["k_full_f"]),
         n("Cast", ["k_full_f"], ["k_full"], to=TensorProto.INT64),
     ]
     return helper.make_graph(nodes, "decided_by_all_gains", inputs=[],
-                             outputs=[_value("ub_full", TensorProto.FLOAT, ["n"]),
+                             outputs=[_value("ub_full", TensorProto.FLOAT, ["n_plus_k"]),
                                       _value("k_full", TensorProto.INT64, [1])])
 
 
@@ -98,18 +99,21 @@ def _loop_body() -> onnx.GraphProto:
     n = helper.make_node
     nodes = [
         n("Reshape", ["c_in", "shape_row"], ["c_row"]),  # [1, n]
-        n("Concat", ["ub_in", "neg_inf_1"], ["ub_pad"], axis=0),  # [n + 1]: a (K + 1)-th bound always exists
-        n("TopK", ["ub_pad", "k_plus_1"], ["top_ub", "top_idx"], axis=0, largest=1, sorted=1),
-        n("Slice", ["top_idx", "zero_1", "k_1", "axis0"], ["cand_idx"]),  # [K] highest bounds
-        n("Slice", ["top_ub", "k_1", "k_plus_1", "axis0"], ["next_ub"]),  # [1] the best bound left out
+        # ub is carried padded to [n + K] with -inf, so TopK's K is a constant (TensorRT-RTX's Myelin rejects a
+        # K computed from n inside the loop) and always <= the axis; taken and padding entries hold -inf
+        n("TopK", ["ub_in", "lazy_k_1"], ["top_ub", "cand_idx"], axis=0, largest=1, sorted=1),  # [K]
+        n("ScatterElements", ["ub_in", "cand_idx", "neg_inf_k"], ["ub_rest"], axis=0),
+        n("ReduceMax", ["ub_rest"], ["next_ub"], keepdims=1),  # [1] the best bound left out (-inf if none)
+        n("Equal", ["top_ub", "neg_inf"], ["cand_dead"]),  # taken or padding
+        n("Less", ["cand_idx", "n_tokens"], ["cand_in_range"]),
+        n("Where", ["cand_in_range", "cand_idx", "zero_i"], ["cand_row"]),  # a valid row for padding entries
         # fresh gains of the K: sum_i w_i relu(A^T[k, i] - c_i)
-        n("Gather", ["At", "cand_idx"], ["cand_rows"], axis=0),  # [K, n]
+        n("Gather", ["At", "cand_row"], ["cand_rows"], axis=0),  # [K, n]
         n("Sub", ["cand_rows", "c_row"], ["excess"]),
         n("Relu", ["excess"], ["uncovered"]),
         n("MatMul", ["uncovered", "w_col"], ["fresh_col"]),  # [K, 1]
         n("Reshape", ["fresh_col", "shape_1_neg"], ["fresh_raw"]),
-        n("Gather", ["taken_in", "cand_idx"], ["cand_taken"], axis=0),  # when fewer than K remain
-        n("Where", ["cand_taken", "neg_inf_k", "fresh_raw"], ["fresh"]),
+        n("Where", ["cand_dead", "neg_inf_k", "fresh_raw"], ["fresh"]),
         n("ReduceMax", ["fresh"], ["best"], keepdims=1),
         n("Abs", ["best"], ["best_abs"]),
         n("Mul", ["best_abs", "tie_rtol"], ["window"]),
@@ -124,7 +128,7 @@ def _loop_body() -> onnx.GraphProto:
         n("Max", ["c_in", "a_k"], ["c_out"]),
         n("Equal", ["index", "k"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
-        n("Where", ["is_k", "neg_inf_n", "ub_step"], ["ub_out"]),
+        n("ScatterElements", ["ub_step", "k", "neg_inf_1"], ["ub_out"], axis=0),
         n("Identity", ["cond_in"], ["cond_out"]),  # never false: no early exit
         n("Identity", ["k"], ["k_out"]),
     ]
@@ -136,13 +140,13 @@ def _loop_body() -> onnx.GraphProto:
             _value("cond_in", TensorProto.BOOL, []),
             _value("c_in", TensorProto.FLOAT, ["n"]),
             _value("taken_in", TensorProto.BOOL, ["n"]),
-            _value("ub_in", TensorProto.FLOAT, ["n"]),
+            _value("ub_in", TensorProto.FLOAT, ["n_plus_k"]),
         ],
         outputs=[
             _value("cond_out", TensorProto.BOOL, []),
             _value("c_out", TensorProto.FLOAT, ["n"]),
             _value("taken_out", TensorProto.BOOL, ["n"]),
-            _value("ub_out", TensorProto.FLOAT, ["n"]),
+            _value("ub_out", TensorProto.FLOAT, ["n_plus_k"]),
             _value("k_out", TensorProto.INT64, [1]),
         ],
     )
@@ -170,10 +174,9 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
         _const("true", True, np.bool_),
-        _const("zero_1", [0], np.int64),
-        _const("one_1", [1], np.int64),
         _const("shape_scalar", np.zeros(0, np.int64)),
-        _const("lazy_k", LAZY_CANDIDATES, np.int64),
+        _const("lazy_k_1", [LAZY_CANDIDATES], np.int64),
+        _const("neg_inf_k", np.full(LAZY_CANDIDATES, -np.inf), np.float32),
         _const("bound_grow", 1.0 + BOUND_ULPS * EPS32, np.float32),
         # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
         n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
@@ -217,14 +220,11 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
         n("Expand", ["neg_inf", "n_1d"], ["neg_inf_n"]),
         n("Reshape", ["neg_inf", "shape_1"], ["neg_inf_1"]),
-        n("Min", ["n_tokens", "lazy_k"], ["k_scalar"]),  # K = min(LAZY_CANDIDATES, n)
-        n("Reshape", ["k_scalar", "shape_1"], ["k_1"]),
-        n("Add", ["k_1", "one_1"], ["k_plus_1"]),
-        n("Expand", ["neg_inf", "k_1"], ["neg_inf_k"]),
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Equal", ["index", "n_tokens"], ["taken0"]),  # all false, [n]
         n("MatMul", ["At", "w_col"], ["gain0_col"]),  # c = 0: the first gains, exact bounds
-        n("Reshape", ["gain0_col", "shape_1_neg"], ["ub0"]),
+        n("Reshape", ["gain0_col", "shape_1_neg"], ["gain0"]),
+        n("Concat", ["gain0", "neg_inf_k"], ["ub0"], axis=0),  # [n + K]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
         # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
         # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
