@@ -19,7 +19,10 @@ non-spinning session as the pipeline opens it), torch (float64 CPU, n <= 2,880).
 
     python benchmarks/bench_selector.py                  # every row, 3 repeats (1 above n = 2,880)
     python benchmarks/bench_selector.py --sizes 576 2880 --backends numpy onnx --repeats 1
-Writes benchmarks/results/selector_cpu.json (rows appended as they finish) and .png, prints a table.
+    python benchmarks/bench_selector.py --paper --sizes 576 2880 --backends reference numpy onnx \
+        --output benchmarks/results/selector_cpu_paper.json   # tab:app_overhead's budgets
+Writes benchmarks/results/selector_cpu_sizes.json (rewritten after every row) and .png, prints a table. (The
+files selector_cpu.json / selector_cpu_quick.json are the earlier two-shape version of this script.)
 """
 
 from __future__ import annotations
@@ -42,7 +45,10 @@ sys.path.insert(0, str(ROOT))
 SIZES = {576: ("llava-1.5", 4096), 1296: ("qwen2.5-vl-1008px", 3584), 2880: ("llava-next", 4096),
          8192: ("qwen2.5-vl-video", 3584), 16384: ("qwen2.5-vl-video", 3584)}
 BACKENDS = ("reference", "numpy", "lazy", "onnx", "torch")
-DENSE_MAX_N = 2880  # reference and torch recompute or hold dense float64 [n, n] work: skipped above
+DENSE_MAX_N = 2880
+#: the paper's overhead rows (tab:app_overhead, A6000, ms/example): n -> {budget: (similarity, coverage selection)}
+PAPER = {576: {128: (0.052, 0.092), 64: (0.052, 0.060), 32: (0.052, 0.038)},
+         2880: {640: (0.940, 0.742), 320: (0.940, 0.391), 160: (0.940, 0.233)}}  # reference and torch recompute or hold dense float64 [n, n] work: skipped above
 
 
 def clustered_features(n: int, d: int, seed: int) -> np.ndarray:
@@ -162,7 +168,8 @@ def plot(rows, path: Path) -> None:
 
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
     for backend in BACKENDS:
-        for frac, style in (("10%", "-"), ("25%", "--")):
+        fractions = sorted({r["fraction"] for r in rows}, key=lambda f: float(f.rstrip("%")))
+        for frac, style in zip(fractions, ["-", "--", ":", "-."] * 4):
             sub = sorted((r for r in rows if r["backend"] == backend and "total_ms" in r
                           and r["fraction"] == frac), key=lambda r: r["n"])
             if not sub:
@@ -198,8 +205,11 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), choices=list(SIZES), help="n values")
     p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="backends to time")
     p.add_argument("--repeats", type=int, default=None, help="repeats per row (default 3; 1 above n = 2,880)")
-    p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "selector_cpu.json",
+    p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "selector_cpu_sizes.json",
                    help="JSON path (the PNG goes beside it)")
+    p.add_argument("--paper", action="store_true",
+                   help="the paper's budgets instead (n = 576: 128/64/32, n = 2,880: 640/320/160), its A6000 "
+                        "milliseconds beside each row")
     p.add_argument("--row", nargs=3, metavar=("N", "M", "BACKEND"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.row:
@@ -210,13 +220,16 @@ def main(argv=None) -> int:
     rows = []
     print(f"{'n':>6}{'m':>6} {'backend':<10}{'total ms':>11}{'sim ms':>10}{'added MiB':>11}")
     for n in args.sizes:
-        for frac, share in (("10%", 0.10), ("25%", 0.25)):
-            m = int(round(share * n))
+        budgets = [(f"{m / n:.0%}", m) for m in PAPER.get(n, {})] if args.paper else \
+            [("10%", int(round(0.10 * n))), ("25%", int(round(0.25 * n)))]
+        for frac, m in budgets:
             for backend in args.backends:
                 if backend in ("reference", "torch") and n > DENSE_MAX_N:
                     continue
                 repeats = args.repeats or (3 if n <= 2880 else 1)
                 row = {**run_row(n, m, backend, repeats), "fraction": frac}
+                if args.paper:
+                    row["paper_a6000_similarity_ms"], row["paper_a6000_selection_ms"] = PAPER[n][m]
                 rows.append(row)
                 print_row(row)
                 _write(args, rows, t0)
