@@ -6,7 +6,7 @@ outputs (n // 8 centres + noise), relevance random. Each (n, m, backend) runs in
 
 - time: median wall time of one whole selection (similarity + greedy + sorted indices), what a request pays;
   numpy-family rows also time the similarity alone (utility buffer), the paper's "Sim." column.
-- memory: "added" = the process's peak RSS (ru_maxrss) after the selections minus its RSS just before the first
+- memory: "added" = the process's peak RSS (VmHWM) after the selections minus its RSS just before the first
   one, with the inputs (V [n, d] float32, relevance) already built -- V itself (235 MB at 16,384 x 3,584) is the
   caller's and is not counted.
 - same: indices equal to the "reference" row's (literal float64 greedy, n <= 2,880) or, above, to "numpy"'s
@@ -61,9 +61,11 @@ def clustered_features(n: int, d: int, seed: int) -> np.ndarray:
     return v
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _status_bytes(key: str) -> int:
+    """VmRSS / VmHWM of this process from /proc (VmHWM starts afresh at exec; ru_maxrss would carry the forking
+    parent's peak)."""
+    with open("/proc/self/status") as f:
+        return 1024 * next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
 
 
 def _selector(backend: str):
@@ -104,13 +106,11 @@ def _selector(backend: str):
 
 def measure(n: int, m: int, backend: str, repeats: int) -> dict:
     """One row, in this process (called by the subprocess): times, added peak memory, picks."""
-    import resource
-
     d = SIZES[n][1]
     v = clustered_features(n, d, seed=n)
     r = np.random.default_rng(1).random(n).astype(np.float32)
     select, similarity = _selector(backend)
-    rss0 = _rss_bytes()
+    rss0 = _status_bytes("VmRSS")
     times, keep = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def measure(n: int, m: int, backend: str, repeats: int) -> dict:
         t0 = time.perf_counter()
         similarity(v)
         sim_ms = 1e3 * (time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _status_bytes("VmHWM")
     return {"model": SIZES[n][0], "n": n, "d": d, "budget": m, "backend": backend, "repeats": repeats,
             "total_ms": 1e3 * statistics.median(times), "similarity_ms": sim_ms,
             "added_peak_mib": (peak - rss0) / 2**20, "keep": keep.tolist()}
@@ -247,7 +247,7 @@ def _write(args, rows, t0) -> None:
     meta = {"command": "python benchmarks/bench_selector.py " + " ".join(sys.argv[1:]),
             "machine": platform.machine(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
             "wall_s": time.perf_counter() - t0, "date": time.strftime("%Y-%m-%d"),
-            "memory": "added_peak_mib = ru_maxrss after the row's selections - RSS before the first (inputs built)"}
+            "memory": "added_peak_mib = peak RSS (ru_maxrss in rows measured before 2026-11-23 21:20 UTC, VmHWM after) after the row's selections - RSS before the first (inputs built)"}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.output.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")

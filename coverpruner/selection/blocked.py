@@ -24,7 +24,7 @@ import heapq
 
 import numpy as np
 
-from .coverage import EPS64, NORM_EPS, incremental_margin, lowest_tied, tie_rtol, zero_level
+from .ties import EPS64, NORM_EPS, incremental_margin, lowest_tied, tie_rtol, zero_level
 
 #: the float64 utility buffer is used up to this size (1 GiB: n <= 11,585); float32 above
 FLOAT64_MAX_BYTES = 1 << 30

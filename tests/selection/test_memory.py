@@ -1,5 +1,6 @@
 """The numpy backend's memory: one [n, n] utility buffer plus temporaries of at most blocked.BLOCK_BYTES each
-(measured in a subprocess: peak RSS after the selection minus RSS before it, inputs already built). The full-size
+(measured in a subprocess: VmHWM after the selection minus VmRSS before it, inputs already built; VmHWM, not
+ru_maxrss, because Linux carries ru_maxrss across exec from the forking parent -- pytest's own RSS). The full-size
 figure (n = 16,384, d = 3,584, m = 1,638: at most 1.3 GiB added) is benchmarks/bench_selector.py's."""
 
 import json
@@ -11,16 +12,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = r"""
-import json, os, resource, sys
+import json, sys
 import numpy as np
 from coverpruner.selection import coverage_select
 n, d, m, dtype = 4096, 64, 410, {"float32": np.float32, "float64": np.float64}[sys.argv[1]]
 rng = np.random.default_rng(0)
 v = rng.standard_normal((n, d), dtype=np.float32)
 r = rng.random(n).astype(np.float32)
-rss0 = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def status_kib(key):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(key + ":"))
+rss0 = status_kib("VmRSS") * 1024
 keep = coverage_select(v, r, m, 0.3, backend=sys.argv[2], dtype=dtype)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status_kib("VmHWM") * 1024
 print(json.dumps({"added": peak - rss0, "kept": len(keep)}))
 """
 
