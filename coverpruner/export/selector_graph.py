@@ -4,14 +4,22 @@ TensorRT's ONNX parser.
 Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int64 scalar, tau float32 scalar
 Output  keep [m] int64, ascending, m = min(budget, n)
 
-Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop runs exactly
-min(budget, n) iterations (trip count min(budget, n); its condition is the constant true passed through the body
-unchanged, so there is no early exit and the scan output always has the trip count's length), and there is no
-NonZero. Ties go to the lowest index without relying on ArgMax's tie order: among gains within
-tie_rtol(n, float32) * best of the best (coverpruner.selection's rule with a float32 window of at most 8 ulps),
-the maximum of `is_best * (n - index)` is unique. Everything runs in float32 and the gains are recomputed from
-scratch every step; the numpy reference runs in float64, so only genuine float32 near-ties (gains within a few
-float32 roundings) can break differently.
+Written for TensorRT's parser as well as ORT: the Loop runs exactly min(budget, n) iterations (trip count
+min(budget, n); its condition is the constant true passed through the body unchanged, so there is no early exit
+and the scan output always has the trip count's length), there is no NonZero, TopK's K is a constant (the gain
+bounds are carried padded to n + K with -inf; TensorRT-RTX's Myelin rejects a K computed from n inside the loop),
+and the If that decides a step has two branches of equal output shapes. Ties go to the lowest index without
+relying on ArgMax's or TopK's tie order: among gains within tie_rtol(n, float32) * best of the best
+(coverpruner.selection's rule with a float32 window of at most 8 ulps), the maximum of `tied * (n - index)` is
+unique.
+
+Each step is the lazy greedy (_loop_body): gains only fall as coverage rises, so last-computed gains bound the
+current ones; the K = LAZY_CANDIDATES highest bounds are re-summed from scratch (K x n work) and decide the step
+unless a bound outside them could reach the tie window of their best, in which case every gain is re-summed (the
+If's other branch, n x n work, as the old graph did at every step). Everything runs in float32 and every gain
+that decides a pick is a fresh sum; the numpy reference runs in float64, so only genuine float32 near-ties
+(gains within a few float32 roundings) can break differently. A^T [n, n] (row k = candidate k's utilities) and
+M are [n, n] float32 tensors ORT keeps apart: 1.17 GiB added at n = 8,192 (docs/performance.md).
 """
 
 from __future__ import annotations
