@@ -1,14 +1,28 @@
-"""Overhead breakdown of the coverage selector (paper Table tab:app_overhead) on this machine's CPU.
+"""Coverage selector time and peak memory per backend, image to video sizes, on this machine's CPU.
 
-For each shape (n, d) the similarity (cosine -> mean-centre -> clip, computed once per image and shared by all
-budgets) and the greedy coverage selection (per budget) are timed for every backend; each backend's greedy
-speed-up over "reference" is measured in the same run. Features are float32 random projector-like outputs
-(clustered, like real patch embeddings), relevance random.
+Rows: n = 576 (LLaVA-1.5), 1,296 (Qwen2.5-VL 1008 px), 2,880 (LLaVA-NeXT), 8,192 and 16,384 (Qwen2.5-VL video),
+budgets m = 10 % and 25 % of n, d = 4096 (LLaVA) or 3584 (Qwen). Features are float32, clustered like projector
+outputs (n // 8 centres + noise), relevance random. Each (n, m, backend) runs in its own subprocess:
 
-    python benchmarks/bench_selector.py            # 3 repeats, median
-    python benchmarks/bench_selector.py --quick    # 1 repeat
-Writes benchmarks/results/selector_cpu[_quick].json and .png and prints a table. Every backend other than the
-reference is checked against the reference's indices from the same run (the reference row itself is not a check).
+- time: median wall time of one whole selection (similarity + greedy + sorted indices), what a request pays;
+  numpy-family rows also time the similarity alone (utility buffer), the paper's "Sim." column.
+- memory: "added" = the process's peak RSS (VmHWM) after the selections minus its RSS just before the first
+  one, with the inputs (V [n, d] float32, relevance) already built -- V itself (235 MB at 16,384 x 3,584) is the
+  caller's and is not counted.
+- same: indices equal to the "reference" row's (literal float64 greedy, n <= 2,880) or, above, to "numpy"'s
+  (which equals the literal greedy, tests/selection); float32 rows may differ only at a float32 near-tie, so the
+  float64 coverage objective ratio to the compared set is reported too.
+
+Backends: reference (literal, O(m n^2), n <= 2,880), numpy (blocked incremental, float64 buffer up to 11,585 then
+float32), lazy (upper-bound greedy, same buffer), onnx (selector.onnx on ONNX Runtime's CPU provider, a
+non-spinning session as the pipeline opens it), torch (float64 CPU, n <= 2,880).
+
+    python benchmarks/bench_selector.py                  # every row, 3 repeats (1 above n = 2,880)
+    python benchmarks/bench_selector.py --sizes 576 2880 --backends numpy onnx --repeats 1
+    python benchmarks/bench_selector.py --paper --sizes 576 2880 --backends reference numpy onnx \
+        --output benchmarks/results/selector_cpu_paper.json   # tab:app_overhead's budgets
+Writes benchmarks/results/selector_cpu_sizes.json (rewritten after every row) and .png, prints a table. (The
+files selector_cpu.json / selector_cpu_quick.json are the earlier two-shape version of this script.)
 """
 
 from __future__ import annotations
@@ -18,165 +32,226 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from coverpruner.selection import coverage_utilities, demand_weights, greedy_incremental, greedy_reference  # noqa: E402
-
-SHAPES = [  # (label, n, budgets): LLaVA-1.5 (576 tokens) and LLaVA-NeXT (2880 tokens), d = 4096
-    ("llava-1.5", 576, (128, 64, 32)),
-    ("llava-next", 2880, (640, 320, 160)),
-]
-DIM = 4096
+SIZES = {576: ("llava-1.5", 4096), 1296: ("qwen2.5-vl-1008px", 3584), 2880: ("llava-next", 4096),
+         8192: ("qwen2.5-vl-video", 3584), 16384: ("qwen2.5-vl-video", 3584)}
+BACKENDS = ("reference", "numpy", "lazy", "onnx", "torch")
+DENSE_MAX_N = 2880
+#: the paper's overhead rows (tab:app_overhead, A6000, ms/example): n -> {budget: (similarity, coverage selection)}
+PAPER = {576: {128: (0.052, 0.092), 64: (0.052, 0.060), 32: (0.052, 0.038)},
+         2880: {640: (0.940, 0.742), 320: (0.940, 0.391), 160: (0.940, 0.233)}}  # reference and torch recompute or hold dense float64 [n, n] work: skipped above
 
 
 def clustered_features(n: int, d: int, seed: int) -> np.ndarray:
-    """n tokens drawn around n // 8 centres: redundancy like neighbouring image patches."""
+    """[n, d] float32 around n // 8 centres, built in row chunks (no [n, d] float64 temporary)."""
     rng = np.random.default_rng(seed)
-    centres = rng.standard_normal((max(1, n // 8), d)).astype(np.float32)
-    return centres[rng.integers(0, len(centres), n)] + 0.5 * rng.standard_normal((n, d)).astype(np.float32)
+    centres = rng.standard_normal((max(1, n // 8), d), dtype=np.float32)
+    v = centres[rng.integers(0, len(centres), n)]
+    for s in range(0, n, 1024):
+        v[s:s + 1024] += 0.5 * rng.standard_normal((min(1024, n - s), d), dtype=np.float32)
+    return v
 
 
-def timed(fn, repeats: int):
-    """Median wall time of fn() over `repeats` calls, and its last result."""
-    times, out = [], None
+def _status_bytes(key: str) -> int:
+    """VmRSS / VmHWM of this process from /proc (VmHWM starts afresh at exec; ru_maxrss would carry the forking
+    parent's peak)."""
+    with open("/proc/self/status") as f:
+        return 1024 * next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+
+def _selector(backend: str):
+    """backend -> (select(v, r, m) -> sorted int64 [m], similarity(v) or None)."""
+    if backend == "onnx":
+        import tempfile
+
+        from coverpruner.engines.ort import make_session
+        from coverpruner.export.selector import build_selector_model
+        import onnx
+
+        path = Path(tempfile.mkdtemp()) / "selector.onnx"
+        onnx.save(build_selector_model(), str(path))
+        sess = make_session(path, "cpu", spin=False)
+
+        def select(v, r, m):
+            feeds = {"image_features": v, "relevance": r, "budget": np.array(m, np.int64),
+                     "tau": np.array(0.3, np.float32)}
+            return sess.run(["keep"], feeds)[0]
+
+        return select, None
+    from coverpruner.selection import coverage_select
+
+    if backend == "torch":
+        import torch
+
+        def select(v, r, m):
+            return coverage_select(torch.from_numpy(v), torch.from_numpy(r), m, 0.3, backend="torch").numpy()
+
+        return select, None
+    from coverpruner.selection.blocked import utilities
+
+    def select(v, r, m):
+        return coverage_select(v, r, m, 0.3, backend=backend)
+
+    return select, (None if backend == "reference" else utilities)
+
+
+def measure(n: int, m: int, backend: str, repeats: int) -> dict:
+    """One row, in this process (called by the subprocess): times, added peak memory, picks."""
+    d = SIZES[n][1]
+    v = clustered_features(n, d, seed=n)
+    r = np.random.default_rng(1).random(n).astype(np.float32)
+    select, similarity = _selector(backend)
+    rss0 = _status_bytes("VmRSS")
+    times, keep = [], None
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = fn()
+        keep = np.asarray(select(v, r, m), dtype=np.int64)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+    sim_ms = None
+    if similarity is not None:
+        t0 = time.perf_counter()
+        similarity(v)
+        sim_ms = 1e3 * (time.perf_counter() - t0)
+    peak = _status_bytes("VmHWM")
+    return {"model": SIZES[n][0], "n": n, "d": d, "budget": m, "backend": backend, "repeats": repeats,
+            "total_ms": 1e3 * statistics.median(times), "similarity_ms": sim_ms,
+            "added_peak_mib": (peak - rss0) / 2**20, "keep": keep.tolist()}
 
 
-def numpy_backends():
-    sim = coverage_utilities
-    return {"reference": (sim, greedy_reference), "numpy": (sim, greedy_incremental)}
+def run_row(n: int, m: int, backend: str, repeats: int) -> dict:
+    cmd = [sys.executable, __file__, "--row", str(n), str(m), backend, "--repeats", str(repeats)]
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"model": SIZES[n][0], "n": n, "budget": m, "backend": backend, "error": tail}
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def torch_backend():
-    try:
-        import torch
-    except ImportError:
-        return {}
-    from coverpruner.selection.torch_backend import _greedy, _utilities
+def compare(rows: list[dict]) -> None:
+    """Fill same_indices / objective_ratio against the reference row (n <= 2,880) or the numpy row."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from literal_selection import objective, utilities, weights
 
-    def sim(v):
-        return _utilities(torch.from_numpy(v).to(torch.float64).unsqueeze(0))
-
-    def greedy(a, w, m):
-        return _greedy(a, torch.from_numpy(w).unsqueeze(0), m)[0].numpy()
-
-    return {"torch": (sim, greedy)}
-
-
-def run(repeats: int) -> dict:
-    backends = {**numpy_backends(), **torch_backend()}
-    rows = []
-    for label, n, budgets in SHAPES:
-        v = clustered_features(n, DIM, seed=n)
-        w = demand_weights(np.random.default_rng(1).random(n), 0.3)
-        picks_ref = {}
-        for name, (sim, greedy) in backends.items():
-            t_sim, a = timed(lambda: sim(v), repeats)
-            for m in budgets:
-                t_sel, picks = timed(lambda: greedy(a, w, m), repeats)
-                picks = np.sort(np.asarray(picks))
-                if name == "reference":
-                    picks_ref[m] = picks
-                same = None if name == "reference" else bool(np.array_equal(picks, picks_ref[m]))
-                rows.append({"model": label, "n": n, "d": DIM, "budget": m, "backend": name,
-                             "similarity_ms": 1e3 * t_sim, "selection_ms": 1e3 * t_sel,
-                             "total_ms": 1e3 * (t_sim + t_sel), "same_indices_as_reference": same})
-    ref = {(r["n"], r["budget"]): r["selection_ms"] for r in rows if r["backend"] == "reference"}
-    for r in rows:
-        r["selection_speedup_vs_reference"] = ref[(r["n"], r["budget"])] / r["selection_ms"]
-        r["selection_over_similarity"] = r["selection_ms"] / r["similarity_ms"]
-    return {"rows": rows}
-
-
-def checks(rows) -> dict:
-    """The issue's acceptance at n=2880, m=320 for the default CPU backend (numpy), from this run's numbers."""
-    r = next(r for r in rows if r["n"] == 2880 and r["budget"] == 320 and r["backend"] == "numpy")
-    return {
-        "default_backend": "numpy",
-        "greedy_speedup_vs_reference_n2880_m320": r["selection_speedup_vs_reference"],
-        "greedy_speedup_at_least_10x": r["selection_speedup_vs_reference"] >= 10,
-        "greedy_over_similarity_n2880_m320": r["selection_over_similarity"],
-        "greedy_at_most_half_of_similarity": r["selection_over_similarity"] <= 0.5,
-        # the reference's own rows hold None: only the other backends are compared with it
-        "all_backends_same_indices_as_reference": all(x["same_indices_as_reference"] for x in rows
-                                                      if x["backend"] != "reference"),
-    }
-
-
-def _same(row) -> str:
-    return "(is ref)" if row["same_indices_as_reference"] is None else str(row["same_indices_as_reference"])
+    for n in sorted({r["n"] for r in rows}):
+        for m in sorted({r["budget"] for r in rows if r["n"] == n}):
+            group = {r["backend"]: r for r in rows if r["n"] == n and r["budget"] == m and "keep" in r}
+            base = group.get("reference") or group.get("numpy")
+            if base is None:
+                continue
+            a = w = None
+            for r in group.values():
+                r["compared_with"] = base["backend"]
+                r["same_indices"] = r["keep"] == base["keep"]
+                if not r["same_indices"] and n <= 8192:
+                    if a is None:
+                        v = clustered_features(n, SIZES[n][1], seed=n)
+                        a = utilities(v)
+                        w = weights(np.random.default_rng(1).random(n).astype(np.float32), 0.3, n)
+                    r["objective_ratio"] = objective(a, w, r["keep"]) / objective(a, w, base["keep"])
 
 
 def plot(rows, path: Path) -> None:
-    """Similarity and greedy times per backend and budget, one panel per shape (log scale)."""
+    """Time (left) and added peak memory (right) against n, one line per backend and budget fraction."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = sorted({(r["model"], r["n"]) for r in rows}, key=lambda s: s[1])
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4))
-    for ax, (model, n) in zip(np.atleast_1d(axes), shapes):
-        sub = [r for r in rows if r["n"] == n]
-        labels = [f"{r['backend']}\nm={r['budget']}" for r in sub]
-        x = np.arange(len(sub))
-        ax.bar(x - 0.2, [r["similarity_ms"] for r in sub], 0.4, label="similarity (once per image)")
-        ax.bar(x + 0.2, [r["selection_ms"] for r in sub], 0.4, label="greedy selection")
-        ax.set_xticks(x, labels, fontsize=7)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for backend in BACKENDS:
+        fractions = sorted({r["fraction"] for r in rows}, key=lambda f: float(f.rstrip("%")))
+        for frac, style in zip(fractions, ["-", "--", ":", "-."] * 4):
+            sub = sorted((r for r in rows if r["backend"] == backend and "total_ms" in r
+                          and r["fraction"] == frac), key=lambda r: r["n"])
+            if not sub:
+                continue
+            ns = [r["n"] for r in sub]
+            ax_t.plot(ns, [r["total_ms"] / 1e3 for r in sub], style, marker="o", label=f"{backend} m={frac}")
+            ax_m.plot(ns, [r["added_peak_mib"] / 1024 for r in sub], style, marker="o", label=f"{backend} m={frac}")
+    for ax, label in ((ax_t, "selection time, s (similarity + greedy)"), (ax_m, "added peak RSS, GiB")):
+        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_ylabel("ms")
-        ax.set_title(f"{model}: n={n}, d={DIM}")
-        ax.legend(fontsize=8)
+        ax.set_xlabel("visual tokens n")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_m.axhline(1.3, color="red", lw=0.8, label="1.3 GiB (issue 20 at n = 16,384)")
+    ax_m.legend(fontsize=7)
+    fig.suptitle("coverage selector on a 2-core CPU (benchmarks/bench_selector.py)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def print_table(rows, check) -> None:
-    head = f"{'model':<11}{'n':>6}{'m':>5} {'backend':<10}{'sim ms':>10}{'select ms':>11}{'total ms':>10}" \
-           f"{'x ref':>8}{'sel/sim':>9}  same"
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['model']:<11}{r['n']:>6}{r['budget']:>5} {r['backend']:<10}{r['similarity_ms']:>10.1f}"
-              f"{r['selection_ms']:>11.1f}{r['total_ms']:>10.1f}{r['selection_speedup_vs_reference']:>8.1f}"
-              f"{r['selection_over_similarity']:>9.2f}  {_same(r)}")
-    print()
-    for k, val in check.items():
-        print(f"{k}: {val:.3f}" if isinstance(val, float) else f"{k}: {val}")
+def print_row(r) -> None:
+    if "error" in r:
+        print(f"{r['n']:>6}{r['budget']:>6} {r['backend']:<10} ERROR {r['error']}", flush=True)
+        return
+    sim = "" if r.get("similarity_ms") is None else f"{r['similarity_ms']:10.0f}"
+    print(f"{r['n']:>6}{r['budget']:>6} {r['backend']:<10}{r['total_ms']:>11.0f}{sim:>10}"
+          f"{r['added_peak_mib']:>11.0f}", flush=True)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="one repeat per measurement instead of three")
-    p.add_argument("--repeats", type=int, default=None, help="repeats per measurement (median is reported)")
-    p.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/...)")
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), choices=list(SIZES), help="n values")
+    p.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS, help="backends to time")
+    p.add_argument("--repeats", type=int, default=None, help="repeats per row (default 3; 1 above n = 2,880)")
+    p.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "selector_cpu_sizes.json",
+                   help="JSON path (the PNG goes beside it)")
+    p.add_argument("--paper", action="store_true",
+                   help="the paper's budgets instead (n = 576: 128/64/32, n = 2,880: 640/320/160), its A6000 "
+                        "milliseconds beside each row")
+    p.add_argument("--row", nargs=3, metavar=("N", "M", "BACKEND"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    repeats = args.repeats or (1 if args.quick else 3)
+    if args.row:
+        n, m, backend = int(args.row[0]), int(args.row[1]), args.row[2]
+        print(json.dumps(measure(n, m, backend, args.repeats or 1)))
+        return 0
     t0 = time.perf_counter()
-    result = run(repeats)
-    result["checks"] = checks(result["rows"])
-    result["meta"] = {"command": "python benchmarks/bench_selector.py" + (" --quick" if args.quick else ""),
-                      "repeats": repeats, "machine": platform.machine(), "processor": platform.processor(),
-                      "cpu_count": os.cpu_count(), "numpy": np.__version__,
-                      "wall_s": time.perf_counter() - t0, "date": time.strftime("%Y-%m-%d")}
-    print_table(result["rows"], result["checks"])
-    out = args.output or Path(__file__).parent / "results" / f"selector_cpu{'_quick' if args.quick else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(result["rows"], out.with_suffix(".png"))
-    print(f"\nwrote {out} and {out.with_suffix('.png').name}  ({result['meta']['wall_s']:.0f} s)")
+    rows = []
+    print(f"{'n':>6}{'m':>6} {'backend':<10}{'total ms':>11}{'sim ms':>10}{'added MiB':>11}")
+    for n in args.sizes:
+        budgets = [(f"{m / n:.0%}", m) for m in PAPER.get(n, {})] if args.paper else \
+            [("10%", int(round(0.10 * n))), ("25%", int(round(0.25 * n)))]
+        for frac, m in budgets:
+            for backend in args.backends:
+                if backend in ("reference", "torch") and n > DENSE_MAX_N:
+                    continue
+                repeats = args.repeats or (3 if n <= 2880 else 1)
+                row = {**run_row(n, m, backend, repeats), "fraction": frac}
+                if args.paper:
+                    row["paper_a6000_similarity_ms"], row["paper_a6000_selection_ms"] = PAPER[n][m]
+                rows.append(row)
+                print_row(row)
+                _write(args, rows, t0)
+    compare(rows)
+    for r in rows:
+        r.pop("keep", None)
+    _write(args, rows, t0)
+    plot(rows, args.output.with_suffix(".png"))
+    print(f"wrote {args.output} and {args.output.with_suffix('.png').name}")
     return 0
+
+
+def _write(args, rows, t0) -> None:
+    """Rewrite the JSON (temp + rename) after every row, so a long run keeps what it measured."""
+    meta = {"command": "python benchmarks/bench_selector.py " + " ".join(sys.argv[1:]),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(), "numpy": np.__version__,
+            "wall_s": time.perf_counter() - t0, "date": time.strftime("%Y-%m-%d"),
+            "memory": "added_peak_mib = peak RSS (ru_maxrss in rows measured before 2026-11-23 21:20 UTC, VmHWM after) after the row's selections - RSS before the first (inputs built)"}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.output.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+    tmp.replace(args.output)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,22 @@ TensorRT's ONNX parser.
 Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int64 scalar, tau float32 scalar
 Output  keep [m] int64, ascending, m = min(budget, n)
 
-Written for TensorRT's parser as well as ORT: ArgMax runs on a 2-D [1, n] tensor, the Loop runs exactly
-min(budget, n) iterations (trip count min(budget, n); its condition is the constant true passed through the body
-unchanged, so there is no early exit and the scan output always has the trip count's length), and there is no
-NonZero. Ties go to the lowest index without relying on ArgMax's tie order: among gains within
-tie_rtol(n, float32) * best of the best (coverpruner.selection's rule with a float32 window of at most 8 ulps),
-the maximum of `is_best * (n - index)` is unique. Everything runs in float32 and the gains are recomputed from
-scratch every step; the numpy reference runs in float64, so only genuine float32 near-ties (gains within a few
-float32 roundings) can break differently.
+Written for TensorRT's parser as well as ORT: the Loop runs exactly min(budget, n) iterations (trip count
+min(budget, n); its condition is the constant true passed through the body unchanged, so there is no early exit
+and the scan output always has the trip count's length), there is no NonZero, TopK's K is a constant (the gain
+bounds are carried padded to n + K with -inf; TensorRT-RTX's Myelin rejects a K computed from n inside the loop),
+and the If that decides a step has two branches of equal output shapes. Ties go to the lowest index without
+relying on ArgMax's or TopK's tie order: among gains within tie_rtol(n, float32) * best of the best
+(coverpruner.selection's rule with a float32 window of at most 8 ulps), the maximum of `tied * (n - index)` is
+unique.
+
+Each step is the lazy greedy (_loop_body): gains only fall as coverage rises, so last-computed gains bound the
+current ones; the K = LAZY_CANDIDATES highest bounds are re-summed from scratch (K x n work) and decide the step
+unless a bound outside them could reach the tie window of their best, in which case every gain is re-summed (the
+If's other branch, n x n work, as the old graph did at every step). Everything runs in float32 and every gain
+that decides a pick is a fresh sum; the numpy reference runs in float64, so only genuine float32 near-ties
+(gains within a few float32 roundings) can break differently. A^T [n, n] (row k = candidate k's utilities) and
+M are [n, n] float32 tensors ORT keeps apart: 1.17 GiB added at n = 8,192 (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -28,80 +36,137 @@ def _const(name: str, value, dtype=None) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
 
 
-def _loop_body() -> onnx.GraphProto:
-    """One greedy step. Carried: c [n] coverage, taken [1, n] bool. Scan output: the pick k [1] int64.
+#: candidates whose gains each step re-sums (the K highest bounds); the step falls back to every gain only when
+#: the (K + 1)-th bound could still reach the best fresh gain's tie window
+LAZY_CANDIDATES = 64
+#: float32 bounds stay bounds up to this many ulps (a sum of non-negative terms that only fall, in one reduction
+#: order, cannot rise; the slack covers a different order for the fallback's [n, n] reduction)
+BOUND_ULPS = 16.0
 
-    c is carried 1-D and reshaped to a column inside the body: TensorRT-RTX 1.7's Myelin compiler rejects a
-    loop-carried [n, 1] tensor that is broadcast against A (CHECK(dim_count == stride_order.size())).
+
+def _value(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _fresh_branch() -> onnx.GraphProto:
+    """If-branch taken when the K re-summed gains decide the step: the pick is the lowest index among those
+    within the tie window of their best. Outputs: bounds [n] (the fresh gains scattered in), k [1]."""
+    n = helper.make_node
+    nodes = [
+        n("ScatterElements", ["ub_in", "cand_idx", "fresh"], ["ub_fresh"], axis=0),
+        # lowest index in the window: the unique max of tied * (n - index), in float32 (exact below 2^24)
+        n("GreaterOrEqual", ["fresh", "threshold"], ["cand_tied"]),
+        n("Sub", ["n_tokens", "cand_idx"], ["cand_rank"]),
+        n("Cast", ["cand_rank"], ["cand_rank_f"], to=TensorProto.FLOAT),
+        n("Where", ["cand_tied", "cand_rank_f", "zero_f"], ["cand_ranked"]),
+        n("ReduceMax", ["cand_ranked"], ["rank_fresh"], keepdims=1),  # [1]
+        n("Sub", ["n_f", "rank_fresh"], ["k_fresh_f"]),
+        n("Cast", ["k_fresh_f"], ["k_fresh"], to=TensorProto.INT64),
+    ]
+    return helper.make_graph(nodes, "decided_by_candidates", inputs=[],
+                             outputs=[_value("ub_fresh", TensorProto.FLOAT, ["n_plus_k"]),
+                                      _value("k_fresh", TensorProto.INT64, [1])])
+
+
+def _full_branch() -> onnx.GraphProto:
+    """If-branch when a stale bound outside the K could still reach the tie window: every gain re-summed, as the
+    literal greedy does, and the lowest index within the window of the best. Outputs as _fresh_branch."""
+    n = helper.make_node
+    nodes = [
+        n("Sub", ["At", "c_row"], ["excess_all"]),  # [n, n]
+        n("Relu", ["excess_all"], ["uncovered_all"]),
+        n("MatMul", ["uncovered_all", "w_col"], ["gain_all_col"]),  # [n, 1]
+        n("Reshape", ["gain_all_col", "shape_1_neg"], ["gain_all_raw"]),
+        n("Where", ["taken_in", "neg_inf_n", "gain_all_raw"], ["gain_all"]),
+        n("Concat", ["gain_all", "neg_inf_k"], ["ub_full"], axis=0),  # [n + K], padded like ub
+        n("ReduceMax", ["gain_all"], ["best_all"], keepdims=1),
+        n("Abs", ["best_all"], ["best_all_abs"]),
+        n("Mul", ["best_all_abs", "tie_rtol"], ["window_all"]),
+        n("Sub", ["best_all", "window_all"], ["threshold_all"]),
+        n("GreaterOrEqual", ["gain_all", "threshold_all"], ["tied_all"]),
+        n("Where", ["tied_all", "rank_f", "zero_f"], ["ranked_all"]),
+        n("ReduceMax", ["ranked_all"], ["rank_full"], keepdims=1),  # [1]
+        n("Sub", ["n_f", "rank_full"], ["k_full_f"]),
+        n("Cast", ["k_full_f"], ["k_full"], to=TensorProto.INT64),
+    ]
+    return helper.make_graph(nodes, "decided_by_all_gains", inputs=[],
+                             outputs=[_value("ub_full", TensorProto.FLOAT, ["n_plus_k"]),
+                                      _value("k_full", TensorProto.INT64, [1])])
+
+
+def _loop_body() -> onnx.GraphProto:
+    """One lazy greedy step. Carried: c [n] coverage, taken [n] bool, ub [n] upper bounds of the gains (stale
+    fresh sums; -inf once taken). Scan output: the pick k [1] int64.
+
+    Gains only fall as coverage rises (the objective is monotone submodular), so a gain summed at an earlier
+    step bounds it now. The K highest bounds are re-summed; if the best bound outside them cannot reach the tie
+    window of the best fresh gain, the pick is among the K (lowest index in the window), else every gain is
+    re-summed (the If's other branch). Vectors are 1-D: TensorRT-RTX 1.7's Myelin rejects a loop-carried [n, 1]
+    tensor broadcast against A (CHECK(dim_count == stride_order.size())).
     """
     n = helper.make_node
     nodes = [
-        n("Reshape", ["c_in", "shape_col"], ["c_col"]),  # [n, 1]
-        # uncovered gain of every candidate column: sum_i w_i * relu(A_ik - c_i)   -> gain [1, n]
-        n("Sub", ["A", "c_col"], ["excess"]),
+        n("Reshape", ["c_in", "shape_row"], ["c_row"]),  # [1, n]
+        # ub is carried padded to [n + K] with -inf, so TopK's K is a constant (TensorRT-RTX's Myelin rejects a
+        # K computed from n inside the loop) and always <= the axis; taken and padding entries hold -inf
+        n("TopK", ["ub_in", "lazy_k_1"], ["top_ub", "cand_idx"], axis=0, largest=1, sorted=1),  # [K]
+        n("ScatterElements", ["ub_in", "cand_idx", "neg_inf_k"], ["ub_rest"], axis=0),
+        n("ReduceMax", ["ub_rest"], ["next_ub"], keepdims=1),  # [1] the best bound left out (-inf if none)
+        n("Equal", ["top_ub", "neg_inf"], ["cand_dead"]),  # taken or padding
+        n("Less", ["cand_idx", "n_tokens"], ["cand_in_range"]),
+        n("Where", ["cand_in_range", "cand_idx", "zero_i"], ["cand_row"]),  # a valid row for padding entries
+        # fresh gains of the K: sum_i w_i relu(A^T[k, i] - c_i)
+        n("Gather", ["At", "cand_row"], ["cand_rows"], axis=0),  # [K, n]
+        n("Sub", ["cand_rows", "c_row"], ["excess"]),
         n("Relu", ["excess"], ["uncovered"]),
-        n("Mul", ["uncovered", "w_col"], ["weighted"]),
-        n("ReduceSum", ["weighted", "axis0"], ["gain_raw"], keepdims=1),
-        n("Where", ["taken_in", "neg_inf", "gain_raw"], ["gain"]),
-        # lowest index among the maxima: unique max of is_best * (n - index)
-        n("ReduceMax", ["gain"], ["best"], keepdims=1),  # gain is [1, n]: reduce all, no axes (opset-agnostic)
+        n("MatMul", ["uncovered", "w_col"], ["fresh_col"]),  # [K, 1]
+        n("Reshape", ["fresh_col", "shape_1_neg"], ["fresh_raw"]),
+        n("Where", ["cand_dead", "neg_inf_k", "fresh_raw"], ["fresh"]),
+        n("ReduceMax", ["fresh"], ["best"], keepdims=1),
         n("Abs", ["best"], ["best_abs"]),
-        n("Mul", ["best_abs", "tie_rtol"], ["tie_window"]),  # relative to the current best gain
-        n("Sub", ["best", "tie_window"], ["threshold"]),
-        n("GreaterOrEqual", ["gain", "threshold"], ["is_best"]),
-        n("Cast", ["is_best"], ["is_best_f"], to=TensorProto.FLOAT),
-        n("Mul", ["is_best_f", "rank_row"], ["ranked"]),
-        n("ArgMax", ["ranked"], ["k_2d"], axis=1, keepdims=1, select_last_index=0),  # [1, 1]
-        n("Reshape", ["k_2d", "shape_1"], ["k"]),
-        # c <- max(c, A[:, k]); taken[k] <- true
-        n("Gather", ["A", "k"], ["a_col"], axis=1),  # [n, 1]
-        n("Max", ["c_col", "a_col"], ["c_next"]),
-        n("Reshape", ["c_next", "shape_1_neg"], ["c_out"]),
-        n("Equal", ["index_row", "k_2d"], ["is_k"]),
+        n("Mul", ["best_abs", "tie_rtol"], ["window"]),
+        n("Sub", ["best", "window"], ["threshold"]),
+        n("Mul", ["next_ub", "bound_grow"], ["next_bound"]),
+        n("Less", ["next_bound", "threshold"], ["decided_1"]),
+        n("Reshape", ["decided_1", "shape_scalar"], ["decided"]),
+        n("If", ["decided"], ["ub_step", "k"], then_branch=_fresh_branch(), else_branch=_full_branch()),
+        # c <- max(c, A[:, k]) = max(c, A^T[k]); taken[k] <- true; its bound -inf
+        n("Gather", ["At", "k"], ["a_row"], axis=0),  # [1, n]
+        n("Reshape", ["a_row", "shape_1_neg"], ["a_k"]),
+        n("Max", ["c_in", "a_k"], ["c_out"]),
+        n("Equal", ["index", "k"], ["is_k"]),
         n("Or", ["taken_in", "is_k"], ["taken_out"]),
+        n("ScatterElements", ["ub_step", "k", "neg_inf_1"], ["ub_out"], axis=0),
         n("Identity", ["cond_in"], ["cond_out"]),  # never false: no early exit
         n("Identity", ["k"], ["k_out"]),
     ]
     return helper.make_graph(
         nodes,
-        "greedy_step",
+        "lazy_greedy_step",
         inputs=[
-            helper.make_tensor_value_info("iter", TensorProto.INT64, []),
-            helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_in", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("taken_in", TensorProto.BOOL, [1, "n"]),
+            _value("iter", TensorProto.INT64, []),
+            _value("cond_in", TensorProto.BOOL, []),
+            _value("c_in", TensorProto.FLOAT, ["n"]),
+            _value("taken_in", TensorProto.BOOL, ["n"]),
+            _value("ub_in", TensorProto.FLOAT, ["n_plus_k"]),
         ],
         outputs=[
-            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-            helper.make_tensor_value_info("c_out", TensorProto.FLOAT, ["n"]),
-            helper.make_tensor_value_info("taken_out", TensorProto.BOOL, [1, "n"]),
-            helper.make_tensor_value_info("k_out", TensorProto.INT64, [1]),
+            _value("cond_out", TensorProto.BOOL, []),
+            _value("c_out", TensorProto.FLOAT, ["n"]),
+            _value("taken_out", TensorProto.BOOL, ["n"]),
+            _value("ub_out", TensorProto.FLOAT, ["n_plus_k"]),
+            _value("k_out", TensorProto.INT64, [1]),
         ],
     )
 
 
 def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
-    """The standard-op selector graph (see module docstring for the contract): constants, utilities A,
-    demand weights w, the tie window, the loop state, then the greedy Loop and the ascending sort of its picks."""
+    """The standard-op selector graph (see module docstring for the contract)."""
     inputs = selector_inputs(float_dtype)  # validates float_dtype
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
-    nodes = [*_constants(), *_utilities(), *_demand_weights(), *_tie_window(), *_loop_state(), *_greedy_loop()]
-    graph = helper.make_graph(
-        nodes,
-        "coverage_selector",
-        inputs=inputs,
-        outputs=selector_outputs(),
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="coverpruner")
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
-    onnx.checker.check_model(model)
-    return model
-
-
-def _constants() -> list[onnx.NodeProto]:
-    return [
+    n = helper.make_node
+    nodes = [
         _const("eps", NORM_EPS, np.float32),
         _const("zero_f", 0.0, np.float32),
         _const("one_f", 1.0, np.float32),
@@ -117,13 +182,11 @@ def _constants() -> list[onnx.NodeProto]:
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
         _const("true", True, np.bool_),
-    ]
-
-
-def _utilities() -> list[onnx.NodeProto]:
-    """cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32; n_tokens, n_f."""
-    n = helper.make_node
-    return [
+        _const("shape_scalar", np.zeros(0, np.int64)),
+        _const("lazy_k_1", [LAZY_CANDIDATES], np.int64),
+        _const("neg_inf_k", np.full(LAZY_CANDIDATES, -np.inf), np.float32),
+        _const("bound_grow", 1.0 + BOUND_ULPS * EPS32, np.float32),
+        # cosine similarity M = Vn Vn^T, utilities A = relu(M - rowmean(M))    [n, n] float32
         n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
         n("Mul", ["v", "v"], ["v_sq"]),
         n("ReduceSum", ["v_sq", "axis1"], ["sq_norm"], keepdims=1),
@@ -136,16 +199,13 @@ def _utilities() -> list[onnx.NodeProto]:
         n("Shape", ["v"], ["v_shape"]),
         n("Gather", ["v_shape", "zero_i"], ["n_tokens"], axis=0),  # int64 scalar
         n("Cast", ["n_tokens"], ["n_f"], to=TensorProto.FLOAT),
-        n("Div", ["row_sum", "n_f"], ["row_mean"]),
-        n("Sub", ["M", "row_mean"], ["centred"]),
-        n("Relu", ["centred"], ["A"]),
-    ]
-
-
-def _demand_weights() -> list[onnx.NodeProto]:
-    """demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]"""
-    n = helper.make_node
-    return [
+        n("Div", ["row_sum", "n_f"], ["row_mean"]),  # [n, 1]: mu_i
+        n("Reshape", ["row_mean", "shape_row"], ["mean_row"]),  # [1, n]
+        # A^T[k, i] = relu(M[k, i] - mu_i) = A[i, k] (M symmetric): row k = candidate k's utilities, so the
+        # loop gathers a candidate's utilities as one contiguous row
+        n("Sub", ["M", "mean_row"], ["centred"]),
+        n("Relu", ["centred"], ["At"]),
+        # demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]
         n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
         n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
         n("Sub", ["r_max", "r_min"], ["span"]),
@@ -157,44 +217,27 @@ def _demand_weights() -> list[onnx.NodeProto]:
         n("Mul", ["r_unit", "tau"], ["logit"]),
         n("Exp", ["logit"], ["w"]),
         n("Reshape", ["w", "shape_col"], ["w_col"]),
-    ]
-
-
-def _tie_window() -> list[onnx.NodeProto]:
-    """tie window tie_rtol(n, float32) = min(n + 1, 8) * eps32, relative to each step's best gain"""
-    n = helper.make_node
-    return [
+        # tie window tie_rtol(n, float32) = min(n + 1, 8) * eps32, relative to each step's best gain
         n("Add", ["n_f", "one_f"], ["n_plus_1"]),
         n("Min", ["n_plus_1", "max_tie_ulps"], ["tie_ulps"]),
         n("Mul", ["tie_ulps", "eps32"], ["tie_rtol"]),
-    ]
-
-
-def _loop_state() -> list[onnx.NodeProto]:
-    """loop state and constants the body reads from the outer scope: index_row, rank_row [1, n], c0 [n] zeros,
-    taken0 [1, n] false, trip_count = min(budget, n)."""
-    n = helper.make_node
-    return [
-        n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
-        n("Reshape", ["index", "shape_row"], ["index_row"]),  # [1, n] int64
+        # loop state and constants the body reads from the outer scope
+        n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),  # [n] int64
         n("Sub", ["n_tokens", "index"], ["rank"]),
-        n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),
-        n("Reshape", ["rank_f", "shape_row"], ["rank_row"]),  # n - index, so the lowest index ranks highest
+        n("Cast", ["rank"], ["rank_f"], to=TensorProto.FLOAT),  # n - index: the lowest index ranks highest
         n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
+        n("Expand", ["neg_inf", "n_1d"], ["neg_inf_n"]),
+        n("Reshape", ["neg_inf", "shape_1"], ["neg_inf_1"]),
         n("ConstantOfShape", ["n_1d"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
-        n("Equal", ["index_row", "n_tokens"], ["taken0"]),  # all false, [1, n]
+        n("Equal", ["index", "n_tokens"], ["taken0"]),  # all false, [n]
+        n("MatMul", ["At", "w_col"], ["gain0_col"]),  # c = 0: the first gains, exact bounds
+        n("Reshape", ["gain0_col", "shape_1_neg"], ["gain0"]),
+        n("Concat", ["gain0", "neg_inf_k"], ["ub0"], axis=0),  # [n + K]
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
-    ]
-
-
-def _greedy_loop() -> list[onnx.NodeProto]:
-    """The Loop of greedy steps and the ascending sort of its picks -> keep [m] int64."""
-    n = helper.make_node
-    return [
         # exactly min(budget, n) iterations: the condition starts true and the body passes it through unchanged,
         # so TensorRT's "trip limit and termination condition" warning (scan outputs shorter than the trip
         # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
-        n("Loop", ["trip_count", "true", "c0", "taken0"], ["c_final", "taken_final", "picks"],
+        n("Loop", ["trip_count", "true", "c0", "taken0", "ub0"], ["c_final", "taken_final", "ub_final", "picks"],
           body=_loop_body()),
         # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable
         n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),
@@ -203,3 +246,14 @@ def _greedy_loop() -> list[onnx.NodeProto]:
         n("TopK", ["picks_f", "k_1d"], ["sorted_f", "sorted_pos"], axis=0, largest=0, sorted=1),
         n("Cast", ["sorted_f"], ["keep"], to=TensorProto.INT64),
     ]
+    graph = helper.make_graph(
+        nodes,
+        "coverage_selector",
+        inputs=inputs,
+        outputs=selector_outputs(),
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              producer_name="coverpruner")
+    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
+    onnx.checker.check_model(model)
+    return model

@@ -74,14 +74,11 @@ class TextStream:
         self.result = yield from self._gen
 
 
+#: selector="auto" runs the dir's loop-form selector.onnx at every n: its lazy greedy step re-sums only the
+#: highest gain bounds (export/selector_graph.py), so it keeps up with the numpy greedy at video sizes
+#: (benchmarks/results/selector_cpu_*.json); before, it re-summed every gain every step and auto fell back to numpy
+#: above 1,536 candidates.
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
-#: selector="auto" runs selector.onnx for images of at most this many candidates and the numpy incremental
-#: greedy above. The loop graph recomputes every gain at every step, O(m n^2); numpy updates only the rows whose
-#: coverage rose. Measured on the project's 2-core CPU (docs/performance.md): LLaVA-NeXT n = 2,880, m = 320:
-#: selector.onnx 3.2 s against numpy's 0.58 s (similarity + greedy), which put probe + select over a quarter of a
-#: decoder layer; at LLaVA-1.5's n = 576 and Qwen2.5-VL's 1,296 (1008 x 1008) the ONNX path is the faster pipeline
-#: because numpy's OpenBLAS threads keep spinning into the prefill.
-AUTO_ONNX_MAX_CANDIDATES = 1536
 
 
 class Pipeline:
@@ -100,8 +97,8 @@ class Pipeline:
         self.provider = provider
         #: the background re-check of the dir's files (engine_dir.IntegrityCheck) until it has passed
         self._integrity: IntegrityCheck | None = None
-        #: how the coverpruner method selects: "auto" (selector.onnx up to AUTO_ONNX_MAX_CANDIDATES candidates,
-        #: numpy above), "onnx" or "numpy"; "numpy" whenever no selector.onnx session was opened
+        #: how the coverpruner method selects: "auto" (the loop-form selector.onnx), "onnx" or "numpy"; "numpy"
+        #: whenever no selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
@@ -157,8 +154,7 @@ class Pipeline:
 
         selector: how the coverpruner method runs. 'onnx': the dir's selector.onnx on the provider (same
         indices as coverpruner.selection up to float near-ties); 'numpy': coverpruner.selection; 'auto'
-        (default): when the dir has a standard-op (loop) selector.onnx, 'onnx' for images of at most
-        AUTO_ONNX_MAX_CANDIDATES candidates and 'numpy' above (the loop graph costs O(m n^2)), else 'numpy'
+        (default): 'onnx' when the dir has a standard-op (loop) selector.onnx, else 'numpy'
         (`selector_for(n)` says which). On CPU the ONNX path keeps the prefill fast: numpy's OpenBLAS threads keep spinning for tens of milliseconds
         after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
         a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
@@ -236,10 +232,9 @@ class Pipeline:
         return [results[i] for i in ids]
 
     def selector_for(self, n: int) -> str:
-        """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"."""
-        if self.selector_backend == "auto":
-            return "onnx" if n <= AUTO_ONNX_MAX_CANDIDATES else "numpy"
-        return self.selector_backend
+        """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"
+        (auto: the loop-form selector.onnx at every n)."""
+        return "onnx" if self.selector_backend == "auto" else self.selector_backend
 
     # -- stages -----------------------------------------------------------------------------
     def vision(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -487,7 +482,7 @@ class Pipeline:
         if relevance is None and request.method in _USES_RELEVANCE:
             relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
         # selectors ignore options they do not use (tau: coverpruner, seed: random)
-        return np.asarray(_selector(request.method)(feats.astype(np.float32), relevance=relevance,
+        return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
                                                     budget=request.budget, tau=request.tau, seed=request.seed),
                           dtype=np.int64)
 

@@ -23,11 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from ._inputs import check_budget, check_features, check_relevance, check_tau, to_numpy
-
-NORM_EPS = 1e-12
-EPS64 = float(np.finfo(np.float64).eps)  # 2^-52 = 2u, u the float64 unit roundoff
-EPS32 = float(np.finfo(np.float32).eps)  # 2^-23
-
+from .ties import (EPS32, EPS64, NORM_EPS, ZERO_ULPS, incremental_margin, lowest_tied,  # noqa: F401 (re-exported)
+                   tie_rtol, zero_level)
 
 def coverage_utilities(features, dtype=np.float64) -> np.ndarray:
     """A = max(0, M - rowmean(M)), M = cosine similarity of the rows.
@@ -55,46 +52,6 @@ def demand_weights(relevance, tau: float = 0.3) -> np.ndarray:
     return np.exp(tau * scaled)
 
 
-def tie_rtol(n: int, dtype=np.float64) -> float:
-    """Relative tie window: gains g >= best - tie_rtol * best are tied with the best gain `best`.
-
-    float64 (the reference, the numpy and torch backends, the CUDA kernel's double gains): a gain is a fresh
-    sum of n terms w_i * max(0, A_ik - c_i) >= 0; each term carries 2 roundings and the sum n - 1, so a computed
-    gain lies within (n + 1) u g of the exact one (u = eps / 2), and two gains with equal exact values differ
-    by at most (n + 1) * eps * best: 1.3e-13 relative at n = 576, 6.4e-13 at n = 2,880.
-    float32 (selector.onnx, torch in float32): min(n + 1, 8) * eps32 (<= 9.5e-7). The worst-case bound
-    (n + 1) * eps32 would be 6.9e-5 at n = 576, as wide as the differences float32 resolves in practice
-    (a float32 sum's typical error is ~sqrt(n) u); 8 ulps still ties duplicated tokens whose columns differ
-    by an ulp of the GEMM, and never ties a 1e-5 relative difference.
-    """
-    dtype = np.dtype(dtype)
-    if dtype == np.float64:
-        return (n + 1) * EPS64
-    if dtype == np.float32:
-        return min(n + 1, 8) * EPS32
-    raise ValueError(f"tie_rtol: gains must be float32 or float64, got {dtype}")
-
-
-ZERO_ULPS = 64
-
-
-def zero_level(weights) -> float:
-    """Absolute part of the float64 tie window: 64 * eps * sum(w) (1.4e-14 * sum(w); the old rule used 1e-6).
-
-    Once coverage is exhausted, a column's exact gain is 0 but its computed gain is a sum of max(0, A_ik - c_i)
-    over differences of utilities that agree up to their own rounding (a few ulps of |A| <= 1 for float64
-    cosines: different BLAS give different last bits). Such gains are at most a few eps * sum(w); they count
-    as tied with each other (lowest index), and never with a gain that changes the objective's 12th digit.
-    """
-    return ZERO_ULPS * EPS64 * float(np.sum(weights))
-
-
-def lowest_tied(gain: np.ndarray, rtol: float, atol: float = 0.0) -> int:
-    """Position of the lowest-index gain within rtol * |best| + atol of the best (selected ones hold -inf)."""
-    best = gain.max()
-    return int(np.flatnonzero(gain >= best - (rtol * abs(best) + atol))[0])
-
-
 def greedy_reference(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
     """Literal greedy on utilities a [n, n] and weights w [n] (float64); returns the picks in pick order
     (int64 [m])."""
@@ -113,17 +70,6 @@ def greedy_reference(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
         selected[k] = True
         c = np.maximum(c, a[:, k])
     return np.asarray(picks, dtype=np.int64)
-
-
-def incremental_margin(n: int, m: int, first_best: float, atol: float) -> float:
-    """Gains within this margin of the best incremental gain may be the exact best or tied with it.
-
-    An incremental gain (first gain w @ A[:, k], then m subtractions of non-negative deltas that sum to at most
-    the first gain) lies within b = (2n + m + 2) u g0 of its exact value, g0 = the largest first-step gain.
-    A gain more than 2b + tie_rtol(n) * g0 + atol below the incremental best is below the exact best by more
-    than the tie window, so it can be neither the pick nor tied with it: (6n + 2m + 6) * eps * g0 + atol.
-    """
-    return (6 * n + 2 * m + 6) * EPS64 * max(first_best, 0.0) + atol
 
 
 def greedy_incremental(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
@@ -155,12 +101,17 @@ def greedy_incremental(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
     return np.asarray(picks, dtype=np.int64)
 
 
-_GREEDY = {"reference": greedy_reference, "numpy": greedy_incremental}
-
-
 def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float = 0.3,
-                          backend: str = "numpy") -> np.ndarray:
-    """Coverage selection for one image. features [n, d]; relevance [n] or None. Returns int64 [m] ascending."""
+                          backend: str = "numpy", dtype=None) -> np.ndarray:
+    """Coverage selection for one image or video. features [n, d]; relevance [n] or None. Returns int64 [m]
+    ascending.
+
+    backend "reference": the literal greedy on float64 A [n, n] (plus one [n, n] step buffer). "numpy" (blocked
+    incremental update) and "lazy" (upper-bound greedy), blocked.py: one utility buffer [n, n] of `dtype`
+    (default: float64 up to n = 11,585, float32 above) and temporaries of at most blocked.BLOCK_BYTES; the
+    reference's picks (float32 utilities: by the float32 rule)."""
+    from .blocked import greedy_blocked, greedy_lazy, utilities
+
     v = check_features(features)
     n = v.shape[0]
     budget = check_budget(budget)
@@ -169,5 +120,8 @@ def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float
     if budget >= n:
         return np.arange(n, dtype=np.int64)
     w = np.ones(n) if r is None else demand_weights(r, tau)
-    a = coverage_utilities(v)
-    return np.sort(_GREEDY[backend](a, w, budget))
+    if backend == "reference":
+        return np.sort(greedy_reference(coverage_utilities(v), w, budget))
+    if backend == "lazy":
+        return np.sort(greedy_lazy(utilities(v, dtype, transposed=True), w, budget))
+    return np.sort(greedy_blocked(utilities(v, dtype), w, budget))

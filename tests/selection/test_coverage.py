@@ -65,7 +65,7 @@ def test_hand_computed_utilities():
     np.testing.assert_allclose(coverage_utilities(HAND), expected, atol=1e-12)
 
 
-@pytest.mark.parametrize("backend", ["reference", "numpy", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "numpy", "lazy", "torch"])
 def test_hand_computed_picks(backend):
     if backend == "torch":
         pytest.importorskip("torch")
@@ -90,6 +90,7 @@ def test_numpy_and_torch_match_reference(kind, seed):
     assert np.all(np.diff(ref) > 0), "indices must be sorted ascending and distinct"
     np.testing.assert_array_equal(ref, coverage_reference(v, r, budget, tau))  # the test's own literal greedy
     np.testing.assert_array_equal(coverage_select(v, r, budget, tau, backend="numpy"), ref)
+    np.testing.assert_array_equal(coverage_select(v, r, budget, tau, backend="lazy"), ref)
     rt = None if r is None else torch.from_numpy(r)
     out = coverage_select(torch.from_numpy(v), rt, budget, tau)  # auto -> torch
     assert isinstance(out, torch.Tensor) and out.dtype == torch.int64
@@ -135,7 +136,7 @@ def test_greedy_within_1_minus_1_over_e_of_brute_force_optimum(seed):
 
 # --- ties and determinism ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", ["reference", "numpy", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "numpy", "lazy", "torch"])
 def test_ties_go_to_the_lowest_index(backend):
     if backend == "torch":
         pytest.importorskip("torch")
