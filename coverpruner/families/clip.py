@@ -211,3 +211,18 @@ def image_features(model, pixel_values):
     if cfg.vision_feature_select_strategy == "default":
         feats = [f[:, 1:] for f in feats]
     return model.model.multi_modal_projector(torch.cat(feats, dim=-1) if len(feats) > 1 else feats[0])
+
+
+def vision_export_spec(family, model, config, dtype, axis: str):
+    """The CLIP vision graph's ExportSpec: pixel_values float [axis,3,s,s] -> image_features float [axis,n,d]
+    (VisionGraph over ``family.image_features``; ``axis`` names the dynamic first axis: "batch" for LLaVA-1.5,
+    "tiles" for LLaVA-NeXT)."""
+    import torch
+    from torch.export import Dim
+
+    from coverpruner.families.contract import ExportSpec
+    from coverpruner.families.hf_graphs import VisionGraph
+
+    s = config.vision_config.image_size
+    return ExportSpec(VisionGraph(family, model).eval(), (torch.randn(2, 3, s, s, dtype=dtype),),
+                      ["pixel_values"], ["image_features"], ({0: Dim(axis)},))

@@ -85,11 +85,4 @@ class LlavaFamily(HFFamily):
 
     def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
         """vision: pixel_values float [B,3,s,s] -> image_features float [B,n,d]."""
-        import torch
-        from torch.export import Dim
-
-        from coverpruner.families.hf_graphs import VisionGraph
-
-        s = config.vision_config.image_size
-        return {"vision": ExportSpec(VisionGraph(self, model).eval(), (torch.randn(2, 3, s, s, dtype=dtype),),
-                                     ["pixel_values"], ["image_features"], ({0: Dim("batch")},))}
+        return {"vision": clip.vision_export_spec(self, model, config, dtype, "batch")}

@@ -97,14 +97,7 @@ class LlavaNextFamily(HFFamily):
 
     def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:
         """vision over a dynamic tile axis: pixel_values float [tiles,3,s,s] -> image_features [tiles,p*p,d]."""
-        import torch
-        from torch.export import Dim
-
-        from coverpruner.families.hf_graphs import VisionGraph
-
-        s = config.vision_config.image_size
-        return {"vision": ExportSpec(VisionGraph(self, model).eval(), (torch.randn(2, 3, s, s, dtype=dtype),),
-                                     ["pixel_values"], ["image_features"], ({0: Dim("tiles")},))}
+        return {"vision": clip.vision_export_spec(self, model, config, dtype, "tiles")}
 
     def write_files(self, model, out_dir: Path) -> dict[str, str]:
         """image_newline.npy: the model's image_newline vector, float32 [d] (exact for fp16 weights too)."""
