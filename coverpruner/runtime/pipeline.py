@@ -299,10 +299,7 @@ class Pipeline:
         base = self.request(None, None, budget, method, tau, max_new_tokens, temperature, top_p, seed, ignore_eos,
                             **options)
         conversation = normalize(messages, limit)
-        text = "".join(m["content"] if isinstance(m.get("content"), str) else
-                       "".join(p.get("text", "") for p in m.get("content") or () if isinstance(p, dict)
-                               and isinstance(p.get("text"), str))
-                       for m in messages if isinstance(m, dict))
+        text = "".join(p["text"] for m in conversation.messages for p in m["content"] if p["type"] == "text")
         if not self.encoder.fits(text, self.max_positions):  # known from its length, before tokenizing
             raise PromptError(f"messages hold {len(text)} characters of text, more than fit the context of "
                               f"{self.max_positions} tokens")

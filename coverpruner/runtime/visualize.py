@@ -77,7 +77,11 @@ def draw_selection(image, kept_indices, panels, min_side: int = 448, dim: float 
     rgb = to_rgb(load_image(image))
     kept = {int(k) for k in np.asarray(kept_indices, dtype=np.int64)}
     views = [_draw_panel(rgb, p, kept, min_side, dim) for p in panels]
-    gap = 8
+    return _side_by_side(views, gap=8)
+
+
+def _side_by_side(views: list, gap: int) -> Image.Image:
+    """The views pasted left to right on white, ``gap`` pixels apart, top-aligned."""
     out = Image.new("RGB", (sum(v.width for v in views) + gap * (len(views) - 1), max(v.height for v in views)),
                     (255, 255, 255))
     x = 0
@@ -99,14 +103,7 @@ def draw_conversation(images, results, min_side: int = 448, dim: float = 0.25) -
         titled.paste(view, (0, _CAPTION_H))
         ImageDraw.Draw(titled).text((4, 2), f"image {j}", fill=(0, 0, 0))
         views.append(titled)
-    gap = 16
-    out = Image.new("RGB", (sum(v.width for v in views) + gap * (len(views) - 1), max(v.height for v in views)),
-                    (255, 255, 255))
-    x = 0
-    for v in views:
-        out.paste(v, (x, 0))
-        x += v.width + gap
-    return out
+    return _side_by_side(views, gap=16)
 
 
 def save_conversation(path, images, results) -> Path:

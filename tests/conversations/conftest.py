@@ -7,7 +7,6 @@ everything the references compute comes from transformers (tests/conversations/r
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 pytest.importorskip("transformers", reason="the conversation references run the HF models")
@@ -34,17 +33,3 @@ def hf_family(conv_checkpoints):
         return cache[name]
 
     return get
-
-
-def smooth_image(width: int, height: int, seed: int = 0):
-    """A smooth random RGB PIL image (gradients + blobs): neighbouring patches correlate but differ."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width] / max(height, width)
-    img = np.stack([np.sin(6 * x + rng.random() * 6), np.cos(5 * y + rng.random() * 6), x * y], -1)
-    for _ in range(6):
-        cy, cx, r = rng.random() * height, rng.random() * width, 0.05 + rng.random() * 0.2
-        img[((y - cy / max(height, width)) ** 2 + (x - cx / max(height, width)) ** 2) < r * r] = rng.random(3)
-    img = (img - img.min()) / max(img.max() - img.min(), 1e-9)
-    return Image.fromarray((img * 255).astype(np.uint8))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import io
 
-from tests.conversations.conftest import smooth_image
+from tests.families.llava_next.fixtures import smooth_image  # a test image, not coverpruner code
 
 # (width, height) of images A, B, C: different sizes so LLaVA-NeXT picks different tilings and Qwen2.5-VL
 # different grids (S_i differ between images).
