@@ -14,8 +14,8 @@ Parts, timed apart on the same V and probe demand (medians of the same repeats):
   onnx         Pipeline.select_onnx (the whole ORT run) and, from ORT's profiler on a second session of the same
                selector.onnx, its nodes grouped: norms (Mul/ReduceSum/Sqrt/Div over V), row means, the
                similarity GEMM (+ -mu bias), Relu, weights, the greedy Loop
-  numpy        coverage_select's parts: the input checks (finite), utilities (float64 at this n: V's float64
-               copy, norms, GEMM, centre, clip), demand weights, greedy_blocked, sort
+  numpy        coverage_select's parts: the input checks (finite), similarity (float32 at this n: syrk, norms from
+               its diagonal, scale, row means), demand weights, greedy_symmetric, sort
 
     python benchmarks/bench_select_stage.py            # 5 repeats (~2-3 min once the engine dir exists)
     python benchmarks/bench_select_stage.py --quick    # 3 repeats
@@ -84,13 +84,13 @@ def numpy_parts(v: np.ndarray, relevance: np.ndarray, m: int, tau: float) -> dic
     """coverage_select(backend="numpy")'s parts, each timed once (seconds)."""
     from coverpruner.selection import demand_weights
     from coverpruner.selection._inputs import check_features
-    from coverpruner.selection.blocked import greedy_blocked, utilities
+    from coverpruner.selection.blocked import greedy_symmetric, similarity
 
     t = {}
     t["checks"], _ = timed(lambda: check_features(v))
-    t["utilities (float64 similarity + centre + clip)"], a = timed(lambda: utilities(v))
+    t["similarity (float32 syrk + scale + row means)"], (sim, mu) = timed(lambda: similarity(v))
     t["weights"], w = timed(lambda: demand_weights(relevance, tau))
-    t["greedy (blocked incremental)"], picks = timed(lambda: greedy_blocked(a, w, m))
+    t["greedy (incremental, symmetric)"], picks = timed(lambda: greedy_symmetric(sim, mu, w, m))
     t["sort"], _ = timed(lambda: np.sort(picks))
     return t
 
@@ -201,7 +201,8 @@ def main(argv=None) -> int:
     image = Image.open(ROOT / "coverpruner" / "assets" / "demo.png").convert("RGB").resize((SIDE, SIDE),
                                                                                           Image.BICUBIC)
     load_at_start = list(os.getloadavg())
-    pipes = {b: Pipeline.load(engine, selector=b) for b in args.backends}
+    # no prefix cache: every repeat selects and prefills afresh
+    pipes = {b: Pipeline.load(engine, selector=b, prefix_cache_mb=0) for b in args.backends}
     first = pipes[args.backends[0]]
     request = first.request(image, PROMPT, budget=BUDGET, max_new_tokens=1, ignore_eos=True)
     native = first.native_sequence(request)  # the same native sequence for every backend (same engine dir)
@@ -215,6 +216,7 @@ def main(argv=None) -> int:
              "numpy": lambda v: coverage_select(v, relevance, BUDGET, request.tau, backend="numpy")}
     stage = {b: [] for b in pipes}
     probe = {b: [] for b in pipes}
+    prefill = {b: [] for b in pipes}
     parts = {b: collections.defaultdict(list) for b in pipes}
     # one repeat = each backend's stage, then its parts, so stage and parts share the machine's load of the moment
     for _ in range(repeats):
@@ -222,6 +224,9 @@ def main(argv=None) -> int:
             sel = pipe.select(request, native)
             stage[b].append(sel.timings["select"])
             probe[b].append(sel.timings["probe"])
+            # the pruned prefill straight after the stage, as generate runs it: numpy's OpenBLAS workers spin for
+            # ~0.1 s after its last call and compete with ORT's threads for the 2 cores
+            prefill[b].append(pipe.prefill(request, native, sel).timings["prefill"])
             t, v = timed(lambda: span.features)
             parts[b]["features (rows[candidates] copy)"].append(t)
             parts[b]["selector call"].append(timed(lambda: calls[b](v))[0])
@@ -240,10 +245,12 @@ def main(argv=None) -> int:
     result = {
         "benchmark": "select_stage",
         "command": "python benchmarks/bench_select_stage.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "engine": str(engine.name), "n": n, "d": int(span.rows.shape[1]), "budget": BUDGET, "repeats": repeats,
+        "engine": str(engine.name), "n": n, "auto_runs": Pipeline.load(engine, prefix_cache_mb=0).selector_for(n), "d": int(span.rows.shape[1]), "budget": BUDGET, "repeats": repeats,
         "select_stage_ms": {b: median_ms(ts) for b, ts in stage.items()},
         "select_stage_runs_ms": {b: [1e3 * t for t in ts] for b, ts in stage.items()},
         "probe_ms": {b: median_ms(ts) for b, ts in probe.items()},
+        "prefill_after_stage_ms": {b: median_ms(ts) for b, ts in prefill.items()},
+        "prefill_after_stage_runs_ms": {b: [1e3 * t for t in ts] for b, ts in prefill.items()},
         "parts_ms": parts_ms,
         "same_keep": (len({tuple(k.tolist()) for k in keeps.values()}) == 1),
         **float32_rule(keeps, span.features, relevance, request.tau),
@@ -255,7 +262,8 @@ def main(argv=None) -> int:
     if {"onnx", "numpy"} <= set(pipes):
         result["onnx_over_numpy"] = result["select_stage_ms"]["onnx"] / result["select_stage_ms"]["numpy"]
     for b in pipes:
-        print(f"{b:6s} select stage {result['select_stage_ms'][b]:7.1f} ms (median of {repeats}); parts: "
+        print(f"{b:6s} select stage {result['select_stage_ms'][b]:7.1f} ms (median of {repeats}), prefill after it "
+              f"{result['prefill_after_stage_ms'][b]:.0f} ms; parts: "
               + ", ".join(f"{k} {ms:.1f}" for k, ms in parts_ms[b].items()), flush=True)
     out = ROOT / "benchmarks" / "results" / f"select_stage_llava-next-7b_cpu{'_quick' if args.quick else ''}.json"
     tmp = out.with_suffix(".json.tmp")

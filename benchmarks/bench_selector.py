@@ -14,7 +14,7 @@ outputs (n // 8 centres + noise), relevance random. Each (n, m, backend) runs in
   (which equals the literal greedy, tests/selection); float32 rows may differ only at a float32 near-tie, so the
   float64 coverage objective ratio to the compared set is reported too.
 
-Backends: reference (literal, O(m n^2), n <= 2,880), numpy (blocked incremental, float64 buffer up to 11,585 then
+Backends: reference (literal, O(m n^2), n <= 2,880), numpy (incremental on the symmetric similarity, float64 up to 2,048 then
 float32), lazy (upper-bound greedy, same buffer), onnx (selector.onnx on ONNX Runtime's CPU provider, a
 non-spinning session as the pipeline opens it), torch (float64 CPU, n <= 2,880).
 

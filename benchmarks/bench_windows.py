@@ -4,7 +4,7 @@ A Qwen2.5-VL video of T temporal patches x 512 merged tokens (a 448 x 896 frame 
 n = 8,192 (T = 16, 32 frames) and 16,384 (T = 32, 64 frames); budgets m = 10 % and 25 % of n. Features are float32
 and video-like: each scene (two windows) draws its tokens around its own centres, plus noise; relevance random.
 
-- whole: coverage_select over all n tokens (numpy backend: one [n, n] utility buffer, float64 up to 11,585 then
+- whole: coverage_select over all n tokens (numpy backend: one [n, n] utility buffer, float64 up to 2,048 then
   float32).
 - windows W: select_in_windows with W equal windows (K = T / W temporal patches each), the numpy backend per
   window: W buffers of [n / W, n / W], one at a time.

@@ -45,6 +45,7 @@ from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
 from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
+from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
 from coverpruner.video import VideoInput
 
 #: Selection methods the runtime offers: the names coverpruner.selection registers.
@@ -83,10 +84,10 @@ class TextStream:
         self.result = yield from self._gen
 
 
-#: selector="auto" runs the dir's loop-form selector.onnx at every n: its lazy greedy step re-sums only the
-#: highest gain bounds (export/selector_graph.py), so it keeps up with the numpy greedy at video sizes
-#: (benchmarks/results/selector_cpu_*.json); before, it re-summed every gain every step and auto fell back to numpy
-#: above 1,536 candidates.
+#: selector="auto" runs the dir's loop-form selector.onnx, except on the CPU provider above
+#: selection.blocked.FLOAT64_MAX_N candidates: there numpy's similarity is a float32 syrk (a symmetric rank-k
+#: product, half the flops of the full GEMM ONNX Runtime runs), and the numpy backend is the faster one
+#: (n = 2,880, d = 4,096, m = 320: docs/performance.md, benchmarks/bench_select_stage.py).
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
 
 
@@ -106,8 +107,8 @@ class Pipeline:
         self.provider = provider
         #: the background re-check of the dir's files (engine_dir.IntegrityCheck) until it has passed
         self._integrity: IntegrityCheck | None = None
-        #: how the coverpruner method selects: "auto" (the loop-form selector.onnx), "onnx" or "numpy"; "numpy"
-        #: whenever no selector.onnx session was opened
+        #: how the coverpruner method selects: "auto" (see selector_for), "onnx" or "numpy"; "numpy" whenever no
+        #: selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
@@ -163,10 +164,11 @@ class Pipeline:
 
         selector: how the coverpruner method runs. 'onnx': the dir's selector.onnx on the provider (same
         indices as coverpruner.selection up to float near-ties); 'numpy': coverpruner.selection; 'auto'
-        (default): 'onnx' when the dir has a standard-op (loop) selector.onnx, else 'numpy'
-        (`selector_for(n)` says which). On CPU the ONNX path keeps the prefill fast: numpy's OpenBLAS threads keep spinning for tens of milliseconds
-        after the similarity GEMM and take the cores from the decoder prefill that follows (measured ~10% of
-        a pruned prefill on 2 cores); ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
+        (default): 'onnx' when the dir has a standard-op (loop) selector.onnx, except on provider 'cpu' above
+        selection.blocked.FLOAT64_MAX_N (2,048) candidates, where numpy's float32 syrk makes 'numpy' faster; else
+        'numpy' (`selector_for(n)` says which). Below that size on CPU the ONNX path also keeps the prefill fast:
+        numpy's OpenBLAS threads keep spinning for ~0.1 s after its last call and take cores from the decoder
+        prefill that follows; ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
         prefix_cache_mb: MiB of the prefix cache (KV of earlier pruned prefixes, vision outputs and selections;
         runtime/prefix_cache.py); 0 turns it off.
@@ -242,8 +244,10 @@ class Pipeline:
 
     def selector_for(self, n: int) -> str:
         """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"
-        (auto: the loop-form selector.onnx at every n)."""
-        return "onnx" if self.selector_backend == "auto" else self.selector_backend
+        (auto: the loop-form selector.onnx, but numpy on the CPU provider above FLOAT64_MAX_N candidates)."""
+        if self.selector_backend != "auto":
+            return self.selector_backend
+        return "numpy" if self.provider == "cpu" and n > FLOAT64_MAX_N else "onnx"
 
     # -- stages -----------------------------------------------------------------------------
     def vision(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,23 +1,23 @@
-"""The coverage greedy at video sizes: one [n, n] utility buffer, work in row blocks, exact picks.
+"""The coverage greedy at video sizes: one [n, n] similarity buffer, work in row blocks, exact picks.
 
-`utilities(features, dtype)` builds A (or A^T) in one [n, n] buffer, in place. float64 up to FLOAT64_MAX_BYTES of
-buffer (n <= 11,585), float32 above: float32 utilities follow the float32 rule (the literal float64 greedy's
-indices, or a set whose float64 objective is >= the literal's x (1 - 1e-7)). Gains are always float64 sums of
-exact terms: coverage c holds values copied from A, and a float32 utility minus a float32 coverage value is exact
-in float64.
+`similarity(features, dtype)` builds the cosine similarity M (exactly symmetric) and its row means mu; the
+utilities are A[i, k] = max(0, M[i, k] - mu_i). float64 up to FLOAT64_MAX_N candidates, float32 above: float32
+utilities follow the float32 rule (the literal float64 greedy's indices, or a set whose float64 objective is >= the
+literal's x (1 - 1e-7)). Gains are always float64 sums of exact terms: coverage c holds values of A, and a float32
+utility minus a float32 coverage value is exact in float64.
 
 Two greedies, both with the reference's picks (`greedy_reference`: the best gain, ties within `tie_rtol` /
 `zero_level` of it to the lowest index):
-- `greedy_blocked` (the "numpy" backend): coverage.greedy_incremental's update -- subtract from the gain vector
-  only what the rows whose coverage rose contribute, clip(a, c_old, c_new) - c_old -- in row blocks of at most
-  BLOCK_BYTES, so no temporary grows with n^2. A step costs O(|R| n), R = rows whose coverage rose.
-- `greedy_lazy` (the "lazy" backend): the objective is monotone submodular, so a gain computed at an earlier step
-  bounds the gain now (up to rounding, `_slack`); each step re-sums candidates in order of their bounds until no
-  stale bound reaches the tie threshold of the best fresh gain. O(n) per re-summed candidate. On clustered
-  features it re-sums more candidates per step (86 at n = 2,880, 118 at 8,192, m = 10 %) than the blocked
-  update touches rows (50 resp. 60), so it is not the default.
+- `greedy_symmetric` (the "numpy" backend): coverage.greedy_incremental's update -- subtract from the gain vector
+  only what the rows whose coverage rose contribute, clip(a, c_old, c_new) - c_old -- in row blocks of STEP_ROWS,
+  reading A's rows and columns as rows of M (M symmetric), so A itself is never formed. A step costs O(|R| n),
+  R = rows whose coverage rose.
+- `greedy_lazy` (the "lazy" backend, on A^T from `utilities`): the objective is monotone submodular, so a gain
+  computed at an earlier step bounds the gain now (up to rounding, `_slack`); each step re-sums candidates in order
+  of their bounds until no stale bound reaches the tie threshold of the best fresh gain. O(n) per re-summed
+  candidate. On clustered features it re-sums more candidates per step (86 at n = 2,880, 118 at 8,192, m = 10 %)
+  than the incremental update touches rows (50 resp. 60), so it is not the default.
 """
-
 from __future__ import annotations
 
 import heapq
@@ -26,43 +26,62 @@ import numpy as np
 
 from .ties import EPS64, NORM_EPS, incremental_margin, lowest_tied, tie_rtol, zero_level
 
-#: the float64 utility buffer is used up to this size (1 GiB: n <= 11,585); float32 above
-FLOAT64_MAX_BYTES = 1 << 30
+#: the similarity is float64 up to this many candidates and float32 above (the float32 rule): numpy's float32
+#: syrk takes half the float64 one's time (n = 2,880, d = 4,096: 190 vs 405 ms on this project's 2-core CPU)
+FLOAT64_MAX_N = 2048
 #: rows per block when a float32 A^T is summed in float64 (a [rows, n] float64 temporary: 32 MiB at n = 16,384)
 BLOCK_BYTES = 32 << 20
+#: rows per block in greedy_symmetric's steps: [rows, n] float32 + float64 temporaries that stay in cache
+#: (128 rows: 1.5 + 2.9 MB at n = 2,880)
+STEP_ROWS = 128
 #: candidates re-evaluated one by one in a step before the rest go in blocks (each block as large as all before)
 SINGLE_EVALUATIONS = 32
 
 
 def utilities_dtype(n: int):
-    """float64 while one [n, n] float64 buffer fits FLOAT64_MAX_BYTES, else float32."""
-    return np.float64 if 8 * n * n <= FLOAT64_MAX_BYTES else np.float32
+    """float64 up to FLOAT64_MAX_N candidates, float32 above."""
+    return np.float64 if n <= FLOAT64_MAX_N else np.float32
+
+
+def similarity(v: np.ndarray, dtype=None) -> tuple[np.ndarray, np.ndarray]:
+    """v: [n, d] float features (checked finite) -> (M [n, n], mu [n]) in `dtype` (default utilities_dtype(n)).
+
+    M is the cosine similarity, exactly symmetric (M[i, k] == M[k, i] bit for bit), mu_i its row mean
+    (accumulated in float64). The utilities are A[i, k] = max(0, M[i, k] - mu_i) with the subtraction rounded in
+    `dtype`; M is the only [n, n] array. float64: rows normalized in a float64 copy of v, then one GEMM (numpy runs
+    x @ x.T as syrk: exactly symmetric). float32: the GEMM runs on v itself (no copy when v is float32
+    C-contiguous), the norms are its diagonal, and each row block of its result is scaled by 1 / (|v_i| |v_k|),
+    products that are the same for (i, k) and (k, i), so the scaled M stays symmetric."""
+    n = v.shape[0]
+    dtype = np.dtype(utilities_dtype(n) if dtype is None else dtype)
+    if dtype == np.float64:
+        norms = np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64))
+        vn = v.astype(np.float64)  # the one [n, d] float64 copy, normalized in place
+        vn *= (1.0 / np.maximum(norms, NORM_EPS))[:, None]
+        m = vn @ vn.T
+        del vn
+        mu = m.sum(axis=1) / n
+        return m, mu
+    vf = np.ascontiguousarray(v, dtype=dtype)
+    m = vf @ vf.T
+    # |v_i|^2 is the GEMM's own diagonal (float32 sums: within the float32 rule)
+    inv = (1.0 / np.maximum(np.sqrt(np.diagonal(m).astype(np.float64)), NORM_EPS)).astype(dtype)
+    scale = np.empty((STEP_ROWS, n), dtype)
+    sums = np.empty(n)
+    for s in range(0, n, STEP_ROWS):
+        blk = m[s:s + STEP_ROWS]
+        blk *= np.multiply(inv[s:s + STEP_ROWS, None], inv[None, :], out=scale[:blk.shape[0]])
+        blk.sum(axis=1, dtype=np.float64, out=sums[s:s + STEP_ROWS])  # while the block is in cache
+    mu = (sums / n).astype(dtype)
+    return m, mu
 
 
 def utilities(v: np.ndarray, dtype=None, transposed: bool = False) -> np.ndarray:
     """v: [n, d] float features (checked finite) -> A [n, n] `dtype` (default utilities_dtype(n)), or A^T.
 
-    A[i, k] = max(0, M[i, k] - mu_i), M the cosine similarity, mu_i its row mean (accumulated in float64).
-    M is symmetric, so A^T[k, i] = max(0, M[k, i] - mu_i): either layout is one in-place pass over M, and M is the
-    only [n, n] array. float64: rows normalized in a float64 copy of v, then one GEMM (numpy runs x @ x.T as
-    syrk: exactly symmetric). float32: the GEMM runs on v itself (no copy when v is float32 C-contiguous) and its
-    result is scaled by 1 / (|v_i| |v_k|) in place."""
-    n = v.shape[0]
-    dtype = np.dtype(utilities_dtype(n) if dtype is None else dtype)
-    norms = np.sqrt(np.einsum("ij,ij->i", v, v, dtype=np.float64))
-    inv = 1.0 / np.maximum(norms, NORM_EPS)
-    if dtype == np.float64:
-        vn = v.astype(np.float64)  # the one [n, d] float64 copy, normalized in place
-        vn *= inv[:, None]
-        m = vn @ vn.T
-        del vn
-    else:
-        vf = np.ascontiguousarray(v, dtype=dtype)
-        m = vf @ vf.T
-        inv_f = inv.astype(dtype)
-        m *= inv_f[:, None]
-        m *= inv_f[None, :]
-    mu = (m.sum(axis=1, dtype=np.float64) / n).astype(dtype)  # buffered float64 sums: no [n, n] copy
+    A[i, k] = max(0, M[i, k] - mu_i) from `similarity`. M is symmetric, so A^T[k, i] = max(0, M[k, i] - mu_i):
+    either layout is one in-place pass over M."""
+    m, mu = similarity(v, dtype)
     np.subtract(m, mu[None, :] if transposed else mu[:, None], out=m)
     np.maximum(m, 0.0, out=m)
     return m
@@ -175,65 +194,66 @@ def greedy_lazy(at: np.ndarray, w: np.ndarray, budget: int, rtol: float | None =
     return np.asarray(picks, dtype=np.int64)
 
 
-def _first_gains_rows(a: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """c = 0 and A >= 0: gain = w @ A, float64 [n], summed over row blocks (a float32 A is cast block by block)."""
-    n = a.shape[0]
-    gain = np.zeros(n)
-    step = _block_rows(n)
-    for s in range(0, n, step):
-        gain += w[s:s + step] @ a[s:s + step].astype(np.float64, copy=False)
-    return gain
+def greedy_symmetric(m: np.ndarray, mu: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
+    """greedy_blocked's picks on A[i, k] = max(0, fl(m[i, k] - mu_i)) without forming A: m the exactly symmetric
+    similarity [n, n] (float32 or float64) and mu its row means [n] of the same dtype (`similarity`), w float64
+    [n]. Returns int64 [m] in pick order, m = min(budget, n).
 
-
-def _fresh_columns(a: np.ndarray, c: np.ndarray, w: np.ndarray, cand: np.ndarray) -> np.ndarray:
-    """gain_k = w @ max(0, A[:, k] - c) for k in cand, float64 [K], in blocks of columns (BLOCK_BYTES)."""
-    n = a.shape[0]
-    out = np.empty(cand.size)
-    step = _block_rows(n)
-    for s in range(0, cand.size, step):
-        d = a[:, cand[s:s + step]].astype(np.float64) - c[:, None]
-        out[s:s + step] = w @ np.maximum(d, 0.0, out=d)
-    return out
-
-
-def greedy_blocked(a: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
-    """Same picks as greedy_reference(a, w, budget): a = A [n, n] float64 or float32, w float64 [n].
-    Returns int64 [m] in pick order, m = min(budget, n)."""
-    n = a.shape[0]
-    m = min(int(budget), n)
+    Since m is symmetric, column k of A is max(0, m[k] - mu), a contiguous row of m, as are the candidates' columns
+    re-summed on a near tie; the rows whose coverage rose are rows of m minus their own mu. Every term is the one
+    greedy_blocked sums (clip(a, lo, hi) - lo, exact in float64), so the margins and the tie rule are its own.
+    Temporaries: [STEP_ROWS, n] blocks in `dtype` and float64."""
+    n = m.shape[0]
+    steps = min(int(budget), n)
     w = np.asarray(w, dtype=np.float64)
-    rtol, atol = tie_window(n, w, a.dtype)
-    gain = _first_gains_rows(a, w)
+    rtol, atol = tie_window(n, w, m.dtype)
+    rows_per = min(STEP_ROWS, n)
+    stage = np.empty((rows_per, n), m.dtype)
+    block = np.empty((rows_per, n))
+    gain = np.zeros(n)
+    for s in range(0, n, rows_per):  # c = 0: gain = w @ A, block by block
+        a = np.subtract(m[s:s + rows_per], mu[s:s + rows_per, None], out=stage[:min(rows_per, n - s)])
+        gain += w[s:s + rows_per] @ np.maximum(a, 0.0, out=a)
     g0 = float(gain.max())
-    c = np.zeros(n)
-    step = _block_rows(n)
-    block = np.empty((step, n))
-    stage = block if a.dtype == np.float64 else np.empty((step, n), a.dtype)
+    c = np.zeros(n)  # coverage, float64 (values of A: exact)
+    c_own = np.zeros(n, m.dtype)  # the same values in m's dtype, the lower clip bound
+    col_own = np.empty(n, m.dtype)
     updates = 0  # subtractions from the gain vector so far: each adds one rounding of at most u * g0
     picks = []
-    for _ in range(m):
-        # coverage.incremental_margin with the block count for m, widened by the float32 window where it applies
-        margin = incremental_margin(n, updates, g0, atol) + rtol * g0
-        cand = np.flatnonzero(gain >= gain.max() - margin)
+    for _ in range(steps):
+        # candidates that may be the exact best or tied with it: within twice the incremental rounding bound b of
+        # the best incremental gain, plus the tie window of the best exact gain (<= that best + b)
+        bound = incremental_margin(n, updates, g0, atol)
+        best = float(gain.max())
+        cand = np.flatnonzero(gain >= best - (bound + rtol * (max(best, 0.0) + bound)))
         if cand.size > 1:  # near-tie or exhausted coverage: decide on fresh sums, as the reference does
-            fresh = _fresh_columns(a, c, w, cand)
+            fresh = np.empty(cand.size)
+            for s in range(0, cand.size, rows_per):
+                part = cand[s:s + rows_per]
+                a = np.take(m, part, axis=0, out=stage[:part.size], mode="clip")  # rows k of m = columns k of M
+                np.subtract(a, mu, out=a)
+                np.maximum(a, 0.0, out=a)
+                d = np.subtract(a, c, out=block[:part.size])
+                np.maximum(d, 0.0, out=d)
+                np.matmul(d, w, out=fresh[s:s + part.size])
             gain[cand] = fresh
             k = int(cand[lowest_tied(fresh, rtol, atol)])
         else:
             k = int(cand[0])
         picks.append(k)
-        col = a[:, k].astype(np.float64)
+        np.subtract(m[k], mu, out=col_own)
+        np.maximum(col_own, 0.0, out=col_own)  # column k of A
+        col = col_own.astype(np.float64)
         rows = np.flatnonzero(col > c)
-        for s in range(0, rows.size, step):
-            r = rows[s:s + step]
-            lo = c[r, None]
-            # clip(a, lo, hi) - lo == min(max(a - lo, 0), hi - lo): the same single rounding, in place
-            t = np.take(a, r, axis=0, out=stage[:r.size])
-            t = np.subtract(t, lo, out=block[:r.size])
-            np.maximum(t, 0.0, out=t)
-            np.minimum(t, col[r, None] - lo, out=t)
+        for s in range(0, rows.size, rows_per):
+            r = rows[s:s + rows_per]
+            a = np.take(m, r, axis=0, out=stage[:r.size], mode="clip")
+            np.subtract(a, mu[r, None], out=a)  # rows r of A before max(0, .): clip below at c >= 0 does that
+            np.clip(a, c_own[r, None], col_own[r, None], out=a)
+            t = np.subtract(a, c[r, None], out=block[:r.size])  # clip(a, lo, hi) - lo: exact in float64
             gain -= w[r] @ t
             updates += 1
         c[rows] = col[rows]
+        c_own[rows] = col_own[rows]
         gain[k] = -np.inf  # stays -inf: later updates subtract finite amounts
     return np.asarray(picks, dtype=np.int64)

@@ -106,11 +106,11 @@ def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float
     """Coverage selection for one image or video. features [n, d]; relevance [n] or None. Returns int64 [m]
     ascending.
 
-    backend "reference": the literal greedy on float64 A [n, n] (plus one [n, n] step buffer). "numpy" (blocked
-    incremental update) and "lazy" (upper-bound greedy), blocked.py: one utility buffer [n, n] of `dtype`
-    (default: float64 up to n = 11,585, float32 above) and temporaries of at most blocked.BLOCK_BYTES; the
-    reference's picks (float32 utilities: by the float32 rule)."""
-    from .blocked import greedy_blocked, greedy_lazy, utilities
+    backend "reference": the literal greedy on float64 A [n, n] (plus one [n, n] step buffer). "numpy"
+    (incremental update on the symmetric similarity) and "lazy" (upper-bound greedy), blocked.py: one [n, n]
+    buffer of `dtype` (default: float64 up to n = 2,048, float32 above) and temporaries of at most
+    blocked.BLOCK_BYTES; the reference's picks (float32: by the float32 rule)."""
+    from .blocked import greedy_lazy, greedy_symmetric, similarity, utilities
 
     v = check_features(features)
     n = v.shape[0]
@@ -124,4 +124,4 @@ def coverage_select_numpy(features, relevance=None, budget: int = 64, tau: float
         return np.sort(greedy_reference(coverage_utilities(v), w, budget))
     if backend == "lazy":
         return np.sort(greedy_lazy(utilities(v, dtype, transposed=True), w, budget))
-    return np.sort(greedy_blocked(utilities(v, dtype), w, budget))
+    return np.sort(greedy_symmetric(*similarity(v, dtype), w, budget))

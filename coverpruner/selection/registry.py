@@ -20,7 +20,7 @@ def coverage_select(features, relevance=None, budget: int = 64, tau: float = 0.3
     features: [n, d] (numpy or torch; torch also [B, n, d]); relevance: [n] or None (uniform demand).
     Returns int64 indices [m] sorted ascending (m = min(budget, n)); a torch tensor in gives a torch tensor out
     on the same device. backend: "reference" (literal O(m n^2) float64), "numpy" (incremental gain update in
-    row blocks, one [n, n] buffer: float64 up to n = 11,585, float32 above), "lazy" (upper-bound greedy, same
+    row blocks, one [n, n] buffer: float64 up to n = 2,048, float32 above), "lazy" (upper-bound greedy, same
     buffer), "torch", or "auto" (torch for torch tensors, numpy otherwise). dtype: the numpy backends' utility
     buffer (np.float64 / np.float32; None: by n).
     """

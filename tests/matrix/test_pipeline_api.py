@@ -113,7 +113,9 @@ def test_eos_stops_unless_ignored(engine_copy, demo_image):
 
 def test_onnx_and_numpy_selector_backends_keep_same_tokens(family, pipe, demo_image, demo_n, engine_copy):
     assert pipe.selector_backend == "auto", "auto keeps the dir's loop-form selector.onnx"
-    assert pipe.selector_for(demo_n) == "onnx" and pipe.selector_for(16384) == "onnx"
+    # on CPU, numpy (float32 syrk) above 2,048 candidates, selector.onnx up to there
+    assert pipe.selector_for(demo_n) == "onnx" and pipe.selector_for(2048) == "onnx"
+    assert pipe.selector_for(2049) == "numpy" and pipe.selector_for(16384) == "numpy"
     numpy_pipe = Pipeline.load(family.export, selector="numpy")
     assert numpy_pipe.selector_backend == "numpy"
     for budget in (64, 16):
@@ -133,14 +135,17 @@ def test_onnx_and_numpy_selector_backends_keep_same_tokens(family, pipe, demo_im
     assert Pipeline.load(engine_copy).selector_backend == "numpy"
 
 
-def test_auto_selector_runs_selector_onnx_at_every_n(pipe, demo_image, monkeypatch):
-    """selector="auto": the loop-form selector.onnx selects (its lazy step keeps up with numpy at video sizes,
-    so there is no numpy fallback above a candidate bound)."""
+def test_auto_selector_runs_selector_onnx_except_numpys_float32_range_on_cpu(pipe, demo_image, monkeypatch):
+    """selector="auto": the loop-form selector.onnx selects (its lazy step keeps up at video sizes, so GPU providers
+    run it at every n); on the CPU provider above 2,048 candidates numpy does, whose float32 similarity is a syrk
+    (half the GEMM flops ONNX Runtime runs)."""
     calls = []
     real = pipe.select_onnx
     monkeypatch.setattr(pipe, "select_onnx", lambda *a: calls.append(1) or real(*a))
     pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
     assert calls == [1]
+    assert [pipe.selector_for(n) for n in (1, 2048, 2049, 2880, 65536)] == ["onnx"] * 2 + ["numpy"] * 3
+    monkeypatch.setattr(pipe, "provider", "cuda")
     assert [pipe.selector_for(n) for n in (1, 2880, 16384, 65536)] == ["onnx"] * 4
 
 

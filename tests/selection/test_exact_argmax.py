@@ -52,7 +52,7 @@ def select(v, r, budget, backend, **options):
 
         dtype = torch.float32 if backend == "torch-float32" else torch.float64
         return coverage_select_torch(torch.from_numpy(v), torch.from_numpy(r), budget, 0.3, dtype=dtype).numpy()
-    if backend == "numpy-float32":  # the float32 utility buffer the numpy backend uses above n = 11,585
+    if backend == "numpy-float32":  # the float32 buffer the numpy backend uses above n = 2,048
         return coverage_select(v, r, budget, 0.3, backend="numpy", dtype=np.float32)
     return coverage_select(v, r, budget, 0.3, backend=backend)
 
