@@ -262,7 +262,8 @@ def main(argv=None) -> int:
     for b in pipes:
         print(f"{b:6s} select stage {result['select_stage_ms'][b]:7.1f} ms (median of {repeats}); parts: "
               + ", ".join(f"{k} {ms:.1f}" for k, ms in parts_ms[b].items()), flush=True)
-    out = ROOT / "benchmarks" / "results" / f"select_stage_llava-next-7b_cpu{'_quick' if args.quick else ''}{'_' + args.tag if args.tag else ''}.json"
+    suffix = ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
+    out = ROOT / "benchmarks" / "results" / f"select_stage_llava-next-7b_cpu{suffix}.json"
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1) + "\n")
     tmp.replace(out)

@@ -30,11 +30,11 @@ those whose bound is -inf (no separate mask is carried).
 
 Measured (ORT CPU, the pipeline's non-spinning session, 2-core machine, LLaVA-NeXT's real features at n = 2,880,
 d = 4,096, m = 320; docs/performance.md "The select stage"): before this layout 539 ms in the pipeline (one
-[n, n] GEMM ~394 ms, Loop ~125 ms with K = 64, norms ~20 ms); the [n, n] part alone is one GEMM ~395 ms vs the
-B = 2 / 3 / 4 block forms ~310 / ~275 / ~270 ms, and B = 4, K = 32 with 20 body nodes (was 29, plus 8 in the
-decided branch, now 6) gives the figures in docs/performance.md. At n = 2,880 13 of the 320 steps re-sum every
-gain with K = 32 (11 with K = 64, 22 with K = 16): the first ~15 picks each lower thousands of stale bounds below
-the best, which no constant K avoids; a smaller K saves more per step than its extra full passes cost down to 32.
+[n, n] GEMM ~394 ms, Loop ~125 ms, norms ~20 ms); the [n, n] part alone is one GEMM ~395 ms vs the B = 2 / 3 / 4
+block forms ~310 / ~275 / ~270 ms, and B = 4 with 20 body nodes (was 29, plus 8 in the decided branch, now 6)
+gives the figures in docs/performance.md. At n = 2,880 11 of the 320 steps re-sum every gain with K = 64 (13 with
+K = 32, 22 with K = 16): the first ~15 picks each lower thousands of stale bounds below the best, which no
+constant K avoids; at 8,192 a smaller K's extra full passes (n^2 each) cost more than it saves per step.
 Each body node costs ORT a few microseconds per step whatever its size (MatMul with a 1-D w was 25x slower than
 with [n, 1]: kept 2-D).
 
@@ -62,9 +62,10 @@ def _const(name: str, value, dtype=None) -> onnx.NodeProto:
 
 
 #: candidates whose gains each step re-sums (the K highest bounds); the step falls back to every gain only when
-#: the K-th bound (>= every bound left out) could still reach the best fresh gain's tie window. 32: at n = 2,880,
-#: m = 320 the Loop took ~6 ms less than with 64 (13 vs 11 full passes) and ~30 ms less than with 16 (22)
-LAZY_CANDIDATES = 32
+#: the K-th bound (>= every bound left out) could still reach the best fresh gain's tie window. 64: at n = 8,192,
+#: m = 819, K = 32 took 22 full passes (n^2 each) against 14 and a slower Loop (835 vs 683 ms profiled); at
+#: n = 2,880, m = 320 K = 32 saved ~5 ms (13 vs 11 full passes) and K = 16 cost ~30 ms more (22)
+LAZY_CANDIDATES = 64
 #: float32 bounds stay bounds up to this many ulps (a sum of non-negative terms that only fall, in one reduction
 #: order, cannot rise; the slack covers a different order for the fallback's [n, n] reduction)
 BOUND_ULPS = 16.0
