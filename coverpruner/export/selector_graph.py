@@ -210,7 +210,7 @@ def _loop_body() -> onnx.GraphProto:
     so if it cannot reach the tie window of the best fresh gain, the pick is among the K (lowest index in the
     window), else every gain is re-summed (the If's other branch). Vectors are 1-D: TensorRT-RTX 1.7's Myelin
     rejects a loop-carried [n, 1] tensor broadcast against A (CHECK(dim_count == stride_order.size())). Every
-    node here runs m times (ORT: ~8 us each at n = 2,880 whatever its size), hence the few of them.
+    node here runs m times (ORT: a few microseconds each whatever its size), hence the few of them.
     """
     n = helper.make_node
     nodes = [
@@ -280,7 +280,6 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         _const("axis0", [0], np.int64),
         _const("shape_1", [1], np.int64),
         _const("shape_1_neg", [-1], np.int64),
-        _const("shape_row", [1, -1], np.int64),
         _const("shape_col", [-1, 1], np.int64),
         _const("zero_i", 0, np.int64),
         _const("one_i", 1, np.int64),
