@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from coverpruner.export.selector import build_selector_model
-from ..literal_selection import assert_same_or_not_worse, near_tie_case
+from ..literal_selection import assert_same_or_not_worse, near_tie_case, utilities
 from .conftest import make_case
 
 
@@ -151,3 +151,77 @@ def test_every_step_decided_by_all_gains_in_row_blocks(monkeypatch, kind):
     r = rng.random(100).astype(np.float32)
     for budget in (10, 40, 99):
         assert_same_or_not_worse(run(sess, v, r, budget, 0.3), v, r, budget)
+
+
+def _with_utilities_output(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The selector graph with its utility matrix A^T [n, n] float32 (the top-level If's output "At") exposed."""
+    model.graph.output.append(onnx.helper.make_tensor_value_info("At", onnx.TensorProto.FLOAT, ["n", "n"]))
+    return model
+
+
+@pytest.mark.parametrize("branch", ["symmetric", "single_gemm"])
+@pytest.mark.parametrize("n, d", [(4, 8), (5, 3), (100, 32), (301, 64)])
+def test_similarity_branches_give_the_literal_utilities(monkeypatch, branch, n, d):
+    """Both branches of the similarity If give A^T = (max(0, M - rowmean(M)))^T of tests/literal_selection.py, the
+    symmetric one at block sizes that do not divide n (and blocks of one row at n = 4, 5). Tolerance: the float32
+    rounding bound of one entry, (4 d + n + 11) eps32 -- row norms and the normalized rows (d + 4, relative, twice
+    in M), the dot product of two unit rows (d), the row mean of n such rows (d + n + 1) and the subtraction (2);
+    a wrong bias (another block's means) or a block transposed into the wrong place is off by ~1e-2 or more."""
+    from coverpruner.export import selector_graph
+
+    if branch == "symmetric":
+        monkeypatch.setattr(selector_graph, "SYMMETRIC_MIN_N", 1)
+    else:
+        monkeypatch.setattr(selector_graph, "SYMMETRIC_MAX_N", 0)
+    model = _with_utilities_output(build_selector_model())
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(n)
+    base = rng.standard_normal((max(2, n // 3), d))
+    v = (base[rng.integers(0, len(base), n)] + 0.3 * rng.standard_normal((n, d))).astype(np.float32)
+    feed = {"image_features": v, "relevance": rng.random(n).astype(np.float32),
+            "budget": np.array(max(1, n // 4), np.int64), "tau": np.array(0.3, np.float32)}
+    at = sess.run(["At"], feed)[0]
+    want = utilities(v).T  # A^T[k, i] = A[i, k]
+    bound = (4 * d + n + 11) * np.finfo(np.float32).eps
+    assert at.shape == (n, n) and at.dtype == np.float32
+    np.testing.assert_allclose(at, want, rtol=0, atol=bound)
+    assert (at >= 0).all()
+
+
+@pytest.mark.parametrize("branch", ["symmetric", "single_gemm"])
+@pytest.mark.parametrize("kind", ["random", "clustered", "duplicated"])
+@pytest.mark.parametrize("seed", range(2))
+def test_graph_matches_selection_on_either_similarity_branch(monkeypatch, branch, kind, seed):
+    """The parity cases (n = 12 ... 119: on either side of SYMMETRIC_MIN_N by default) with each similarity
+    branch forced: the literal greedy's indices by the float32 rule."""
+    from coverpruner.export import selector_graph
+
+    if branch == "symmetric":
+        monkeypatch.setattr(selector_graph, "SYMMETRIC_MIN_N", 1)
+    else:
+        monkeypatch.setattr(selector_graph, "SYMMETRIC_MAX_N", 0)
+    sess = ort.InferenceSession(build_selector_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    v, r, budget, tau = make_case(kind, seed)
+    assert_same_or_not_worse(run(sess, v, r, budget, tau), v, np.asarray(r, np.float32), budget, tau)
+
+
+def test_similarity_if_sits_at_the_top_level_with_half_the_block_gemms():
+    """The similarity If is a top-level node whose symmetric branch holds B (B + 1) / 2 Gemms (the blocks on and
+    above the diagonal), its other branch one; no Loop sits in any If (TensorRT-RTX 1.7's builder rejects one in
+    the If inside the selection Loop)."""
+    from coverpruner.export import selector_graph
+
+    model = build_selector_model()
+    sim_if = next(node for node in model.graph.node if node.op_type == "If" and list(node.output) == ["At"])
+    branches = {a.name: a.g for a in sim_if.attribute}
+    blocks = selector_graph.SYMMETRIC_BLOCKS
+    assert sum(node.op_type == "Gemm" for node in branches["then_branch"].node) == blocks * (blocks + 1) // 2
+    assert sum(node.op_type == "Transpose" for node in branches["then_branch"].node) == blocks * (blocks - 1) // 2
+    assert [node.op_type for node in branches["else_branch"].node] == ["Gemm", "Relu"]
+
+    def ifs(graph):
+        for node in graph.node:
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from ([a.g] if node.op_type == "If" else []) + list(ifs(a.g))
+    assert all(node.op_type != "Loop" for g in ifs(model.graph) for node in g.node)
