@@ -103,12 +103,13 @@ def _selector(backend: str):
             return coverage_select(torch.from_numpy(v), torch.from_numpy(r), m, 0.3, backend="torch").numpy()
 
         return select, None
-    from coverpruner.selection.blocked import utilities
+    from coverpruner.selection.blocked import similarity, utilities
 
     def select(v, r, m):
         return coverage_select(v, r, m, 0.3, backend=backend)
 
-    return select, (None if backend == "reference" else utilities)
+    # what each backend builds first: numpy the symmetric similarity M, lazy A^T
+    return select, {"reference": None, "numpy": similarity}.get(backend, lambda v: utilities(v, transposed=True))
 
 
 def measure(n: int, m: int, backend: str, repeats: int) -> dict:
