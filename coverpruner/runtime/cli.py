@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--tau", type=float, default=None, help="demand temperature (default: manifest, 0.3)")
     prune.add_argument("--selector", choices=("auto", "onnx", "numpy"), default="auto",
                        help="run the coverpruner method with the dir's selector.onnx or in numpy "
-                            "(default auto: selector.onnx when the dir has its standard-op form)")
+                            "(default auto: selector.onnx when the dir has its standard-op form, numpy on CPU "
+                            "above 2,048 candidates)")
     gen = p.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="answer length limit (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
