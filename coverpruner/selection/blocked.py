@@ -195,14 +195,14 @@ def greedy_lazy(at: np.ndarray, w: np.ndarray, budget: int, rtol: float | None =
 
 
 def greedy_symmetric(m: np.ndarray, mu: np.ndarray, w: np.ndarray, budget: int) -> np.ndarray:
-    """greedy_blocked's picks on A[i, k] = max(0, fl(m[i, k] - mu_i)) without forming A: m the exactly symmetric
+    """greedy_reference's picks on A[i, k] = max(0, fl(m[i, k] - mu_i)) without forming A: m the exactly symmetric
     similarity [n, n] (float32 or float64) and mu its row means [n] of the same dtype (`similarity`), w float64
     [n]. Returns int64 [m] in pick order, m = min(budget, n).
 
-    Since m is symmetric, column k of A is max(0, m[k] - mu), a contiguous row of m, as are the candidates' columns
-    re-summed on a near tie; the rows whose coverage rose are rows of m minus their own mu. Every term is the one
-    greedy_blocked sums (clip(a, lo, hi) - lo, exact in float64), so the margins and the tie rule are its own.
-    Temporaries: [STEP_ROWS, n] blocks in `dtype` and float64."""
+    coverage.greedy_incremental's update: since m is symmetric, column k of A is max(0, m[k] - mu), a contiguous
+    row of m, as are the candidates' columns re-summed on a near tie; the rows whose coverage rose are rows of m
+    minus their own mu. Each subtracted term is clip(a, lo, hi) - lo, exact in float64, so a gain's rounding is
+    that of its sums (coverage.incremental_margin). Temporaries: [STEP_ROWS, n] blocks in `dtype` and float64."""
     n = m.shape[0]
     steps = min(int(budget), n)
     w = np.asarray(w, dtype=np.float64)
