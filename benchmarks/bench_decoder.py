@@ -94,10 +94,14 @@ class Embedder:
 class Runner:
     """One graph, batch 1, preallocated KV [1, kvH, C, D] shared by past and present; greedy generation."""
 
-    def __init__(self, kind: str, path: Path, cfg: dict, capacity: int, threads: int):
+    def __init__(self, kind: str, path: Path, cfg: dict, capacity: int, threads: int,
+                 profile_prefix: str | None = None):
         import onnxruntime as ort
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
+        if profile_prefix is not None:  # ORT's profiler (profile_decoder_ops.py)
+            so.enable_profiling = True
+            so.profile_file_prefix = profile_prefix
         self.ort, self.kind, self.cfg, self.capacity = ort, kind, cfg, capacity
         self.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         shape = (1, cfg["kv_heads"], capacity, cfg["head_dim"])

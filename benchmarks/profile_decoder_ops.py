@@ -34,14 +34,7 @@ def profiled_run(bench, engine: str, path: Path, cfg: dict, embed, prompt, posit
                  threads: int, tmp: str) -> dict:
     """One generate with ORT's profiler: decode ms/token (wall), model_run ms per decode step, and kernel ms per
     decode step by (op type, node name with digits folded)."""
-    import onnxruntime as ort
-
-    runner = bench.Runner(engine, path, cfg, capacity, threads)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.enable_profiling = True
-    so.profile_file_prefix = os.path.join(tmp, engine)
-    runner.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    runner = bench.Runner(engine, path, cfg, capacity, threads, profile_prefix=os.path.join(tmp, engine))
     result = runner.generate(embed, prompt, positions)
     profile = Path(runner.sess.end_profiling())
     events = json.loads(profile.read_text())
