@@ -11,6 +11,7 @@ import pytest
 
 from coverpruner.families import family_for_model_type, family_names, get_family, resolve_alias
 from coverpruner.families.hf import (
+    OffsetIndex,
     instruction_positions_from_offsets,
     render_chat_template,
     render_image_prompt,
@@ -70,6 +71,31 @@ def test_offset_overlap_rule():
     offsets = [(0, 0), (0, 4), (4, 5), (5, 9), (9, 12), (12, 12)]
     np.testing.assert_array_equal(instruction_positions_from_offsets(offsets, (4, 9)), [2, 3])
     np.testing.assert_array_equal(instruction_positions_from_offsets(offsets, (3, 10)), [1, 2, 3, 4])
+
+
+def _literal_overlap(offsets, spans):
+    """The design rule read literally: token i counts when its offsets are non-empty and overlap some span."""
+    return [i for i, (a, b) in enumerate(offsets) if b > a and any(a < e and b > s for s, e in spans)]
+
+
+@pytest.mark.parametrize("monotone", [True, False])
+def test_offset_index_equals_the_literal_rule(monotone):
+    """OffsetIndex finds the same tokens as the literal scan, for many spans at once, with empty tokens
+    (special tokens' (0, 0), zero-width pieces) mixed in; unordered offsets take its scanning branch."""
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        widths = rng.integers(0, 4, size=40)  # 0: an empty token
+        ends = np.cumsum(widths)
+        offsets = [(int(e - w), int(e)) for e, w in zip(ends, widths)]
+        offsets[0] = (0, 0)
+        if not monotone:
+            perm = rng.permutation(len(offsets))
+            offsets = [offsets[i] for i in perm]
+        top = int(ends[-1]) + 2
+        spans = [tuple(sorted(int(x) for x in rng.integers(0, top, size=2))) for _ in range(int(rng.integers(0, 6)))]
+        got = OffsetIndex(offsets).overlapping(spans)
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, _literal_overlap(offsets, spans))
 
 
 def test_layout_errors_are_clear(tiny_checkpoint):
