@@ -22,6 +22,7 @@ from coverpruner.runtime.pipeline import parse_budget
 from coverpruner.serving.errors import bad_request
 from coverpruner.serving.images import load_image_url
 from coverpruner.serving.schema import ChatCompletionRequest
+from coverpruner.serving.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, load_video_url, sampling_fields
 
 #: Pipeline.stream arguments the OpenAI fields fill (not accepted as extra body fields).
@@ -83,6 +84,12 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stop):
         raise bad_request("stop strings must not be empty", "stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise bad_request(f"stop holds {len(stop)} strings; at most {MAX_STOP_STRINGS}", "stop")
+    longest = max(stop, key=len, default="")
+    if len(longest) > MAX_STOP_CHARS:
+        raise bad_request(f"stop string {stop.index(longest)} is {len(longest)} characters; at most {MAX_STOP_CHARS}",
+                          "stop")
     _check_text(stop, "stop")
     if validate is not None:
         validate(_without_images(pending), options)

@@ -2,16 +2,42 @@
 
 The pipeline streams text pieces; a stop string may span pieces, so text that could still be the start
 of a stop string is held back until the next piece decides. The answer is cut before the stop string.
+
+Each stop string keeps a Knuth-Morris-Pratt state (the length of the longest suffix of the text so far that is
+a prefix of the string), so a piece costs O(characters x stop strings) whatever the strings' lengths and the
+answer's length: the text is never searched again, and the held-back tail is the largest state. The request
+limits (``MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS`` characters) bound the tables' size.
 """
 
 from __future__ import annotations
 
+# OpenAI's API takes up to 4 stop sequences; these limits leave room for clients that send more, and bound the
+# matcher's per-token work (strings x characters) and its tables (the strings' total length).
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+
+
+def _failure(s: str) -> list[int]:
+    """KMP failure function: fail[k] = length of the longest proper prefix of s[:k+1] that is also its suffix."""
+    fail, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail
+
 
 class StopMatcher:
-    """push(piece) -> (text safe to emit, stopped?); flush() -> held-back text at the end."""
+    """push(piece) -> (text safe to emit, stopped?); flush() -> held-back text at the end.
+
+    Within one push the stop string that starts earliest in the text wins (held-back text included)."""
 
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)
         self.pending = ""
         self.stopped = False
 
@@ -21,11 +47,24 @@ class StopMatcher:
         if not self.stops:
             return piece, False
         text = self.pending + piece
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        base = len(self.pending)  # text[base + i] is piece[i]
+        cut = -1
+        for j, (s, fail) in enumerate(zip(self.stops, self._fail)):
+            k = self._state[j]
+            for i, ch in enumerate(piece):
+                while k and ch != s[k]:
+                    k = fail[k - 1]
+                if ch == s[k]:
+                    k += 1
+                if k == len(s):  # s ends at text[base + i]: its first occurrence for this string
+                    start = base + i + 1 - len(s)
+                    cut = start if cut < 0 else min(cut, start)
+                    break
+            self._state[j] = k
         if cut >= 0:
             self.pending, self.stopped = "", True
             return text[:cut], True
-        hold = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        hold = min(max(self._state), len(text))
         self.pending = text[len(text) - hold:] if hold else ""
         return text[:len(text) - hold], False
 

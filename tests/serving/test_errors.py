@@ -56,6 +56,11 @@ CASES = {
     "tool turn": (dict(messages=[{"role": "tool", "content": "42"}] + _msg(_img("PNG"), TEXT)),
                   400, "messages[0].role", "unsupported_role"),
     "n=2": (dict(messages=_msg(_img("PNG"), TEXT), n=2), 400, "n", "invalid_value"),
+    # issue 29: stop strings are bounded in count and length (the matcher's tables and per-token work)
+    "17 stop strings": (dict(messages=_msg(_img("PNG"), TEXT), stop=[f"s{i}" for i in range(17)]), 400, "stop",
+                        "invalid_value"),
+    "a 1,025-character stop string": (dict(messages=_msg(_img("PNG"), TEXT), stop=["ok", "x" * 1025]), 400, "stop",
+                                      "invalid_value"),
 }
 
 
