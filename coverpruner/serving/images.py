@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import http.client
 import io
+import socket
 import threading
 import time
 import urllib.request
@@ -108,29 +111,113 @@ class _RedirectRefused(Exception):
     pass
 
 
-def _fetch(url: str, param: str, timeout_s: float, limit: int = MAX_IMAGE_BYTES, what: str = "image") -> bytes:
-    """GET url within timeout_s in total (a server dripping bytes cannot hold a worker longer), at most limit
-    bytes; ``what`` ("image", "video") names the thing in errors and error codes."""
-    deadline = time.monotonic() + timeout_s
-    opener = urllib.request.build_opener(_SameSchemeRedirects)
-    chunks, size = [], 0
+class _Watchdog:
+    """Shuts down every socket of one fetch when its total time is up. urllib's ``timeout`` bounds each socket
+    operation, not the fetch: a server that drips its status line and headers a byte at a time kept a fetch (and
+    one of the fetch slots) for 40-60 s. Shutting the socket down wakes the blocked read, which then fails."""
+
+    def __init__(self, seconds: float):
+        self.expired = False
+        self._socks: list = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.expired = True
+            for sock in self._socks:
+                _shutdown(sock)
+
+    def watch(self, sock) -> None:
+        with self._lock:
+            self._socks.append(sock)
+            if self.expired:
+                _shutdown(sock)
+
+
+def _shutdown(sock) -> None:
     try:
-        with opener.open(url, timeout=timeout_s) as resp:
-            while True:
-                if time.monotonic() > deadline:
-                    raise bad_request(f"cannot fetch {what} {url}: not complete after {timeout_s:g} s", param,
-                                      f"{what}_fetch_failed")
-                block = resp.read1(1 << 16)
-                if not block:
-                    break
-                chunks.append(block)
-                size += len(block)
-                if size > limit:
-                    raise bad_request(f"{what} at {url} exceeds {limit} bytes", param, f"{what}_too_large")
-    except _RedirectRefused as exc:
-        raise bad_request(f"cannot fetch {what}: {exc}", param, f"invalid_{what}_url") from None
-    except (OSError, ValueError) as exc:
-        raise bad_request(f"cannot fetch {what} {url}: {exc}", param, f"{what}_fetch_failed") from None
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # already closed
+        pass
+
+
+def _watched(base: type) -> type:
+    """``base`` (HTTPConnection or HTTPSConnection) that hands each socket it connects to a _Watchdog."""
+
+    class Watched(base):
+        def __init__(self, *args, watchdog: _Watchdog, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._watchdog = watchdog
+
+        def connect(self):
+            super().connect()
+            self._watchdog.watch(self.sock)
+
+    return Watched
+
+
+_WatchedHTTP, _WatchedHTTPS = _watched(http.client.HTTPConnection), _watched(http.client.HTTPSConnection)
+
+
+class _WatchedHandler(urllib.request.HTTPHandler):
+    def __init__(self, watchdog: _Watchdog):
+        super().__init__()
+        self._watchdog = watchdog
+
+    def http_open(self, req):
+        return self.do_open(functools.partial(_WatchedHTTP, watchdog=self._watchdog), req)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, watchdog: _Watchdog):
+        super().__init__()
+        self._watchdog = watchdog
+
+    def https_open(self, req):
+        return self.do_open(functools.partial(_WatchedHTTPS, watchdog=self._watchdog), req,
+                            context=self._context)
+
+
+def _fetch(url: str, param: str, timeout_s: float, limit: int = MAX_IMAGE_BYTES, what: str = "image") -> bytes:
+    """GET url within timeout_s in total, from connect to the last byte, headers and redirects included (a
+    server dripping bytes cannot hold a worker longer), at most limit bytes; ``what`` ("image", "video") names
+    the thing in errors and error codes."""
+    late = bad_request(f"cannot fetch {what} {url}: not complete after {timeout_s:g} s", param,
+                       f"{what}_fetch_failed")
+    deadline = time.monotonic() + timeout_s
+    chunks, size = [], 0
+    with _Watchdog(timeout_s) as watchdog:
+        opener = urllib.request.build_opener(_SameSchemeRedirects, _WatchedHandler(watchdog),
+                                             _WatchedHTTPSHandler(watchdog))
+        try:
+            with opener.open(url, timeout=timeout_s) as resp:
+                while True:
+                    if time.monotonic() > deadline:
+                        raise late
+                    block = resp.read1(1 << 16)
+                    if not block:
+                        break
+                    chunks.append(block)
+                    size += len(block)
+                    if size > limit:
+                        raise bad_request(f"{what} at {url} exceeds {limit} bytes", param, f"{what}_too_large")
+        except _RedirectRefused as exc:
+            raise bad_request(f"cannot fetch {what}: {exc}", param, f"invalid_{what}_url") from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            if watchdog.expired:
+                raise late from None
+            raise bad_request(f"cannot fetch {what} {url}: {exc}", param, f"{what}_fetch_failed") from None
+    if watchdog.expired:  # a read that raced the shutdown returns b"" (end of file), not an error
+        raise late
     return b"".join(chunks)
 
 

@@ -151,6 +151,13 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(b"\x89")
                     self.wfile.flush()
                     time.sleep(0.2)
+        elif self.path == "/drip-headers":  # issue 29: the status line and headers a byte at a time (30 s)
+            with contextlib.suppress(OSError):
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                for _ in range(150):
+                    self.wfile.write(b"z")
+                    self.wfile.flush()
+                    time.sleep(0.2)
         else:
             self.send_response(200)
             self.send_header("Content-Type", "image/png")
@@ -184,6 +191,21 @@ def test_remote_fetch_has_a_total_time_limit(remote_server, image_host):
     status, data, seconds = post(remote_server, body(b"", url=f"{image_host}/drip"), timeout=60)
     err = assert_openai_error(status, data)
     assert err["code"] == "image_fetch_failed" and seconds < 5
+
+
+@pytest.mark.parametrize("path", ["/drip", "/drip-headers"])
+def test_a_fetch_is_cut_at_its_deadline_headers_included(image_host, path):
+    """The deadline covers the whole fetch: a server that drips its headers is cut as one that drips its body
+    (urllib's per-read timeout let header drips run for 40-60 s), within 1 s of the deadline."""
+    from coverpruner.serving.errors import APIError
+    from coverpruner.serving.images import url_bytes
+
+    t0 = time.monotonic()
+    with pytest.raises(APIError) as info:
+        url_bytes(f"{image_host}{path}", "url", allow_local_files=False, allow_remote=True, timeout_s=1.0)
+    seconds = time.monotonic() - t0
+    assert info.value.code == "image_fetch_failed" and "not complete after 1 s" in info.value.message
+    assert 1.0 <= seconds < 2.0
 
 
 def test_redirect_to_another_scheme_is_refused(remote_server, image_host):
