@@ -35,7 +35,7 @@ from coverpruner.serving.request import GenerationRequest, build_request, option
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving.stop import StopMatcher
-from coverpruner.serving.videos import MAX_VIDEO_BYTES
+from coverpruner.serving.videos import MAX_VIDEO_BYTES, has_video_reader
 from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 
 log = logging.getLogger("coverpruner.serving")
@@ -178,7 +178,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": state.model_name, "pid": os.getpid(), "workers": state.pool.workers,
-                "running": state.pool.running, "queued": state.pool.queued}
+                "running": state.pool.running, "queued": state.pool.queued, "inputs": _input_kinds(state)}
 
     @app.get("/v1/models")
     async def models():
@@ -355,6 +355,11 @@ def _format_loc(loc) -> str:
 def _unknown_model(name: str, state: ServerState, param: str | None = "model") -> APIError:
     return APIError(404, f"model {name!r} does not exist; this server serves {state.model_name!r}", param,
                     "model_not_found")
+
+
+def _input_kinds(state: ServerState) -> list[str]:
+    """The content part kinds this server answers: video only when the model takes video and PyAV is here."""
+    return ["text", "image_url"] + (["video_url"] if state.takes_video and has_video_reader() else [])
 
 
 def _model_card(state: ServerState) -> dict:

@@ -13,7 +13,7 @@ import importlib.util
 import io
 import numbers
 
-from coverpruner.serving.errors import bad_request
+from coverpruner.serving.errors import APIError, bad_request
 from coverpruner.video import VIDEO_DEMUXERS
 from coverpruner.serving.images import REMOTE_TIMEOUT_S, url_bytes
 
@@ -25,7 +25,11 @@ _CONTAINERS = "mp4/mov, mkv/webm, avi, mpeg-ts, flv, ogg, mpeg-ps"
 
 def load_video_url(url: str, param: str, allow_local_files: bool = False, allow_remote: bool = False,
                    max_bytes: int = MAX_VIDEO_BYTES, timeout_s: float = REMOTE_TIMEOUT_S) -> bytes:
-    """url -> the encoded video file's bytes (probed, not decoded). Raises APIError(400) naming ``param``."""
+    """url -> the encoded video file's bytes (probed, not decoded). Raises APIError(400) naming ``param``; 501
+    before anything is read when PyAV is missing (the server's own limitation, not the client's mistake)."""
+    if not has_video_reader():
+        raise APIError(501, "this server has no video support: PyAV is not installed on it (pip install "
+                            "'coverpruner[video]')", param, "video_support_not_installed")
     url = url.strip()
     if url[:5].lower() == "data:":
         mime = url[5:].partition(",")[0].partition(";")[0].strip().lower()
@@ -38,10 +42,7 @@ def load_video_url(url: str, param: str, allow_local_files: bool = False, allow_
 
 
 def _probe(data: bytes, param: str) -> None:
-    """Open the container with one of VIDEO_DEMUXERS and check it holds a video stream (headers only). Skipped
-    without PyAV: the pipeline then says what to install."""
-    if importlib.util.find_spec("av") is None:
-        return
+    """Open the container with one of VIDEO_DEMUXERS and check it holds a video stream (headers only)."""
     import av
 
     try:
@@ -51,6 +52,11 @@ def _probe(data: bytes, param: str) -> None:
     except (av.FFmpegError, OSError, ValueError, EOFError):
         raise bad_request(f"data is not a video in a container this server reads ({_CONTAINERS})", param,
                           "invalid_video") from None
+
+
+def has_video_reader() -> bool:
+    """Whether PyAV (the optional extra ``coverpruner[video]``) is importable here."""
+    return importlib.util.find_spec("av") is not None
 
 
 def sampling_fields(part: dict, param: str) -> dict:

@@ -98,6 +98,24 @@ def test_video_on_a_llava_engine_is_refused_by_name(llava_client, clip):
     assert "llava family" in err["message"] and "does not take video" in err["message"]
 
 
+def test_a_server_without_pyav_says_so_with_501_and_in_health(qwen_client, clip, monkeypatch):
+    """A missing server dependency is the server's limitation (501, server_error), not the client's 400; /health
+    lists the input kinds the server takes. Simulated: PyAV is a test dependency, so it is hidden here."""
+    from coverpruner.serving import app as app_module, videos
+
+    assert "video_url" in qwen_client.get("/health").json()["inputs"]
+    monkeypatch.setattr(videos, "has_video_reader", lambda: False)
+    monkeypatch.setattr(app_module, "has_video_reader", lambda: False)
+    err = openai_error(qwen_client.post("/v1/chat/completions", json=body(video_url(clip))), 501)
+    assert err["code"] == "video_support_not_installed" and err["type"] == "server_error"
+    assert "coverpruner[video]" in err["message"] and err["param"] == "messages[0].content[0].video_url.url"
+    assert qwen_client.get("/health").json()["inputs"] == ["text", "image_url"]
+
+
+def test_health_lists_no_video_for_a_family_without_it(llava_client):
+    assert llava_client.get("/health").json()["inputs"] == ["text", "image_url"]
+
+
 @needs_core
 def test_wrong_base64_is_refused(qwen_client):
     err = openai_error(qwen_client.post("/v1/chat/completions", json=body("data:video/mp4;base64,AAA*AAA=")))
