@@ -49,8 +49,15 @@ _DISCONNECT_POLL_S = 0.25
 #: to hold --max-video-bytes as base64 plus the same room for text (ServerState.max_body_bytes).
 MAX_BODY_BYTES = 48 * 2 ** 20
 _TEXT_ROOM_BYTES = 6 * 2 ** 20
+#: A body declared (or found) above the limit is read and thrown away up to this many bytes before the 413 is
+#: sent: a client that sends its whole body before reading the answer (Python's urllib, httpx) otherwise saw a
+#: connection reset instead of the 413. Larger bodies are refused at once (the connection is then closed).
+_DRAIN_LIMIT_BYTES = 256 * 2 ** 20
 #: Default deadline of one request (seconds): far above a 7B answer of max_tokens on an Orin, far below "stuck".
 REQUEST_TIMEOUT_S = 300.0
+#: Default deadline for a request body to arrive whole (seconds): a body that never ends (chunked) or a
+#: Content-Length above the bytes sent held a connection open for as long as the client liked.
+BODY_TIMEOUT_S = 30.0
 #: Images above this many pixels leave large freed blocks in the allocator; the worker returns them afterwards.
 _LARGE_IMAGE_PIXELS = 4_000_000
 
@@ -86,6 +93,8 @@ class ServerConfig:
     #: most frames one video may give after sampling (the family option max_video_frames); None: the engine's
     #: default. A request may ask for fewer, never more (as max_images, the server's bound)
     max_video_frames: int | None = None
+    #: a request body must arrive whole within this many seconds of its headers (else 408, connection closed)
+    body_timeout_s: float = BODY_TIMEOUT_S
 
     @property
     def served_name(self) -> str:
@@ -198,7 +207,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         arrived = time.monotonic()
-        req = await _parse(request, state.max_body_bytes)
+        req = await _parse(request, state.max_body_bytes, config.body_timeout_s)
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
 
@@ -308,24 +317,41 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest, 
 
 # -- request parsing ------------------------------------------------------------------------------
 
-async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body, refused with 413 past ``limit`` bytes (from Content-Length before reading, else while reading)."""
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+    """The body, whole within ``timeout_s`` (else 408). Past ``limit`` bytes (declared by Content-Length or counted
+    while reading) it is 413: read to its end and thrown away up to _DRAIN_LIMIT_BYTES first, so that a client still
+    sending gets the 413 rather than a reset; above that at once."""
     too_large = APIError(413, f"request body exceeds {limit} bytes", None, "request_too_large")
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > limit):
+    if length is not None and (not length.isdigit() or int(length) > _DRAIN_LIMIT_BYTES):
         raise too_large
+    over = length is not None and int(length) > limit
+    deadline = asyncio.get_running_loop().time() + timeout_s
     chunks, size = [], 0
-    async for chunk in request.stream():
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            chunk = await asyncio.wait_for(stream.__anext__(), max(0.0, deadline - asyncio.get_running_loop().time()))
+        except StopAsyncIteration:
+            break
+        except asyncio.TimeoutError:
+            raise APIError(408, f"request body not complete after {timeout_s:g} s ({size} bytes received)", None,
+                           "request_body_timeout") from None
         size += len(chunk)
-        if size > limit:
+        if size > _DRAIN_LIMIT_BYTES:
             raise too_large
-        chunks.append(chunk)
+        over = over or size > limit
+        if not over:
+            chunks.append(chunk)
+    if over:
+        raise too_large
     return b"".join(chunks)
 
 
-async def _parse(request: Request, limit: int = MAX_BODY_BYTES) -> ChatCompletionRequest:
+async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
+                 ) -> ChatCompletionRequest:
     try:
-        body = json.loads(await _read_body(request, limit))
+        body = json.loads(await _read_body(request, limit, timeout_s))
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
     except RecursionError:

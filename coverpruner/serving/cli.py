@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="deadline of one chat completion from arrival, queueing included: past it the answer "
                            "is a 504 (an error event when streaming) and the generation is cancelled; 0 = none "
                            "(default 300)")
+    http.add_argument("--body-timeout", type=float, default=None, metavar="SECONDS",
+                      help="a request body must arrive whole within this many seconds of its headers, else 408 and "
+                           "the connection is closed (slow or never-ending uploads; default 30)")
     prune = p.add_argument_group("pruning defaults (a request's own budget / method fields win)")
     prune.add_argument("--budget", default=None,
                        help="visual tokens to keep, or 'full' (default: the manifest's); for harnesses that cannot "
@@ -126,6 +129,8 @@ def check_args(args) -> None:
     if args.request_timeout is not None and not (args.request_timeout == 0 or
                                                  0 < args.request_timeout <= 86400):
         raise UsageError(f"--request-timeout must be 0 (none) or in (0, 86400] seconds, got {args.request_timeout}")
+    if args.body_timeout is not None and not 0 < args.body_timeout <= 3600:
+        raise UsageError(f"--body-timeout must be in (0, 3600] seconds, got {args.body_timeout}")
     if args.ray_cpus_per_replica < 0:
         raise UsageError(f"--ray-cpus-per-replica must be >= 0, got {args.ray_cpus_per_replica}")
 
@@ -143,7 +148,8 @@ def _config(args):
                         **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
                         max_video_frames=args.max_video_frames,
                         **({} if args.request_timeout is None else
-                           {"request_timeout_s": args.request_timeout or None}))
+                           {"request_timeout_s": args.request_timeout or None}),
+                        **({} if args.body_timeout is None else {"body_timeout_s": args.body_timeout}))
 
 
 def _require(module: str, extra: str) -> None:

@@ -183,7 +183,7 @@ def remote_server(tiny_export):
     from coverpruner.serving import ServerConfig
 
     with start_server(ServerConfig(str(tiny_export), workers=1, threads=1, model_name="tiny",
-                                   allow_remote_images=True, remote_timeout_s=2.0)) as url:
+                                   allow_remote_images=True, remote_timeout_s=2.0, body_timeout_s=2.0)) as url:
         yield url
 
 
@@ -285,3 +285,65 @@ def test_slow_fetches_cannot_take_every_thread(remote_server, image_host, demo_p
     codes = [assert_openai_error(s, d)["code"] for s, d, _ in results]
     assert codes.count("too_many_remote_fetches") >= 12 and set(codes) <= {"too_many_remote_fetches",
                                                                              "image_fetch_failed"}
+
+
+# -- request bodies (issue 29: slowloris; issue 30: the 413 reaches a client that sends its whole body first) -----
+
+def _raw_exchange(base: str, head: bytes, drip: bytes, every_s: float, limit_s: float) -> tuple[str, float]:
+    """Send ``head``, then ``drip`` every ``every_s`` s until the server answers; (status line, seconds)."""
+    from urllib.parse import urlparse
+
+    u = urlparse(base)
+    t0 = time.monotonic()
+    with socket.create_connection((u.hostname, u.port), timeout=limit_s) as sock:
+        sock.sendall(head)
+        sock.settimeout(every_s)
+        while time.monotonic() - t0 < limit_s:
+            try:
+                answer = sock.recv(65536)
+            except socket.timeout:
+                with contextlib.suppress(OSError):
+                    sock.sendall(drip)
+                continue
+            return answer.split(b"\r\n", 1)[0].decode(), time.monotonic() - t0
+    return "", time.monotonic() - t0
+
+
+@pytest.mark.parametrize("kind", ["never-ending chunked body", "Content-Length above the body"])
+def test_a_body_that_does_not_arrive_is_cut_at_its_deadline(remote_server, kind):
+    """A body must arrive whole within --body-timeout (2 s on this server): 408 within 1 s of the deadline, and
+    the server keeps answering others."""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if kind.startswith("never"):
+        head, drip = head + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{\r\n", b"1\r\n \r\n"
+    else:
+        head, drip = head + b"Content-Length: 1000\r\n\r\n{\"model\": ", b""
+    status, seconds = _raw_exchange(remote_server, head, drip, every_s=0.2, limit_s=20)
+    assert status.startswith("HTTP/1.1 408"), status
+    assert 2.0 <= seconds < 3.0
+    assert get(remote_server, "/health")[0] == 200
+
+
+@pytest.mark.parametrize("client", ["urllib", "httpx"])
+def test_a_60_mb_body_gets_the_413_json_in_clients_that_send_it_whole(server, demo_png, client):
+    """The server reads and discards an oversized body (up to 256 MiB) before answering 413, so clients that
+    finish sending before they read see the error body, not a connection reset."""
+    payload = json.dumps(body(demo_png, text="x" * (60 * 2 ** 20))).encode()
+    url = f"{server}/v1/chat/completions"
+    if client == "urllib":
+        import urllib.error
+        import urllib.request
+
+        req = urllib.request.Request(url, data=payload, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(req, timeout=60)
+        status, data = info.value.code, json.loads(info.value.read())
+    else:
+        import importlib.util
+
+        # the openai SDK's HTTP client: httpx, or its successor httpx2 in newer SDKs (a test dependency either way)
+        httpx = importlib.import_module("httpx" if importlib.util.find_spec("httpx") else "httpx2")
+        resp = httpx.post(url, content=payload, headers={"Content-Type": "application/json"}, timeout=60)
+        status, data = resp.status_code, resp.json()
+    assert status == 413 and data["error"]["code"] == "request_too_large", data
+    assert get(server, "/health")[0] == 200
