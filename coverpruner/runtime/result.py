@@ -81,10 +81,11 @@ class GenerationResult:
     images: list = field(default_factory=list)
     cached_tokens: int = 0
     demand: str = "turn"
-    timings_ms: dict = field(init=False, repr=False)
 
-    def __post_init__(self):
-        self.timings_ms = {k: v * 1e3 for k, v in self.timings.items()}
+    @property
+    def timings_ms(self) -> dict:
+        """``timings`` in milliseconds (computed from it: one record of each time)."""
+        return {k: v * 1e3 for k, v in self.timings.items()}
 
     @property
     def decode_tokens_per_s(self) -> float:

@@ -20,18 +20,17 @@ from coverpruner.runtime.sampling import SamplingConfig
 
 @dataclass(frozen=True)
 class Request:
-    """One validated request (Pipeline.request builds it; options are checked before any work).
+    """One validated request (Pipeline.request / chat_request build it; options are checked before any work).
 
-    image: path, PIL image or uint8 array [H,W,3]; prompt: the question (generate's arguments; None for a chat).
-    conversation: the normalised messages and their images (runtime.messages.Conversation): every request is one.
+    conversation: the normalised messages and their images (runtime.messages.Conversation): the one record of
+    what was asked (generate's image + prompt are the conversation of one user message).
     budget: kept visual tokens per image, None = "full" (no pruning). demand: "turn" (an image's demand comes from
     its own message) or "latest" (from the last user message).
     method: a coverpruner.selection name. tau: coverage threshold. stop_ids: token ids that end the answer
     (empty with ignore_eos). options: the family's request options, resolved (e.g. {"newline_policy": "drop"}).
     """
 
-    image: object
-    prompt: str
+    conversation: object
     budget: int | None = 64
     method: str = "coverpruner"
     tau: float = 0.3
@@ -39,7 +38,6 @@ class Request:
     sampling: SamplingConfig = SamplingConfig()
     stop_ids: frozenset = frozenset()
     options: dict = field(default_factory=dict)
-    conversation: object = None
     demand: str = "turn"
 
     @property
