@@ -171,11 +171,13 @@ class Pipeline:
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
-            raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+            raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}", param="provider")
         if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
-            raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+            raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}",
+                              param="prefix_cache_mb")
         if selector not in SELECTOR_BACKENDS:
-            raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
+            raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}",
+                              param="selector")
         manifest = load_manifest(Path(path), verify=False)
         # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
         # while the sessions load and the first request runs; answers wait for it (see _verified)
@@ -382,7 +384,7 @@ class Pipeline:
         unknown = sorted(set(given) - set(self._options))
         if unknown:
             raise OptionError(f"unknown option(s) {unknown} for model family {self.manifest.family!r}; it takes "
-                              f"{sorted(self._options) or 'none'}")
+                              f"{sorted(self._options) or 'none'}", param=unknown[0])
         resolved = {}
         for name, opt in self._options.items():
             value = given.get(name)
@@ -391,7 +393,7 @@ class Pipeline:
             try:
                 resolved[name] = opt.validate(value)
             except ValueError as exc:
-                raise OptionError(str(exc).splitlines()[0]) from None
+                raise OptionError(str(exc).splitlines()[0], param=name) from None
         return resolved
 
     def _prepare(self, image, options: dict):
@@ -440,7 +442,8 @@ class Pipeline:
         if L >= self.max_positions:
             rows = sum(len(span.rows) for span in spans)
             raise PromptError(f"prompt is {L} tokens including {rows} image tokens; the context allows "
-                              f"{self.max_positions - 1} before the first answer token")
+                              f"{self.max_positions - 1} before the first answer token",
+                              code="context_length_exceeded")
         positions = np.asarray(self.family_runtime.native_positions(layout, visions), dtype=np.int64)  # [R,L]
         times["preprocess"] += time.perf_counter() - t
 
