@@ -1,19 +1,21 @@
-"""Pipeline: an exported engine dir answering image + question with pruned visual tokens.
+"""Pipeline: an exported engine dir answering a conversation (images, videos, text turns) with pruned visual tokens.
 
-One request (batch 1; n candidates, S image-span rows, hidden size d, native length L, position rank R).
-Everything family-specific is asked of the family runtime (coverpruner.families.contract.FamilyRuntime):
+One request is a conversation with k images (batch 1; per image j: n_j candidates, S_j image-span rows; hidden
+size d, native length L, position rank R); ``generate(image, prompt)`` is the conversation of one user message
+[image, prompt]. Everything family-specific is asked of the family runtime (families.contract.FamilyRuntime):
 
-    image -> family.prepare_image -> vision feeds -> vision -> family.image_span -> rows [S,d], candidates [n]
-    prompt -> family.layout(S) -> ids [L], visual positions [S], instruction positions [T]
+    each image -> family.prepare_image -> vision feeds -> vision -> family.image_span -> rows [S_j,d], candidates [n_j]
+    messages -> family.conversation_layout([S_j]) -> ids [L], image spans [S_j], instruction tokens per image
     embed (text ids only) + image rows -> native sequence [L,d]; family.native_positions -> [R,L]
-    probe at the candidates' positions -> relevance r [n]           (only for methods that use it)
-    (V = rows[candidates], r, budget, tau) -> selector -> keep [m] ascending
+    per image: probe at its candidates' positions -> relevance r [n_j]     (only for methods that use it)
+    (V = rows[candidates], r, budget, tau) -> selector -> keep [m_j] ascending
     text + kept rows (+ the family's always-kept rows) in native order [L',d], family.pruned_positions
     -> decoder prefill -> logits -> sample -> decode loop at family.decode_position(t)
 
 The request loop is four named stages, each callable alone (gpt-fast's prefill / decode_one_token in spirit):
-``request`` (validated options) -> ``native_sequence`` -> ``select`` -> ``prefill`` -> ``decode`` (one token);
-``generate`` / ``stream`` compose them. runtime/stages.py types what each stage hands to the next.
+``request`` / ``chat_request`` (the options, runtime.options.GenerationOptions, validated once) ->
+``native_sequence`` -> ``select`` -> ``prefill`` -> ``decode`` (one token); ``generate`` / ``stream`` / ``chat`` /
+``chat_stream`` compose them. runtime/stages.py types what each stage hands to the next.
 
 This module never imports torch or transformers' modeling code.
 """

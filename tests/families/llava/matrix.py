@@ -76,7 +76,9 @@ def check_pruned(family, request, case_id: str, got, ref_out, budget: int) -> No
     pipe = family.pipe
     _, prompt, _ = pipeline_case(family, request, case_id)
     _, keep, _, instr_pos = ref_out
-    assert pipe.encoder.encode(prompt, pipe.max_visual_tokens).instruction_positions.tolist() == instr_pos.tolist()
+    turn = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    layout = pipe.encoder.encode_conversation(turn, [pipe.max_visual_tokens])
+    assert layout.instruction_turn[0].tolist() == instr_pos.tolist()
     assert len(keep) == budget and got.prefill_tokens == got.prompt_tokens - pipe.num_visual_tokens + budget
 
 
