@@ -10,5 +10,5 @@ from coverpruner.runtime.pipeline import METHODS, Pipeline, TextStream
 from coverpruner.runtime.result import GenerationResult
 from coverpruner.runtime.stages import Request
 
-__all__ = ["Pipeline", "TextStream", "BatchGenerator", "BatchEvent", "GenerationResult", "GenerationOptions", "Request", "METHODS", "CoverPrunerError", "ManifestError",
-           "ImageError", "VideoError", "PromptError", "OptionError"]
+__all__ = ["Pipeline", "TextStream", "BatchGenerator", "BatchEvent", "GenerationResult", "GenerationOptions", "Request",
+           "METHODS", "CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError"]

@@ -142,12 +142,6 @@ class Pipeline:
                                 f"{dims[1]}, head_dim {dims[2]}) disagree with the decoder graph: "
                                 f"{str(exc).splitlines()[0]}") from None
 
-    @property
-    def num_visual_tokens(self) -> int:
-        """Upper bound on the candidates of one image (kept for callers written before n became per request;
-        equal to n for LLaVA-1.5). A request's own n is GenerationResult.num_visual_tokens."""
-        return self.max_visual_tokens
-
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
@@ -660,8 +654,6 @@ class Pipeline:
                               vision.facts.get("kind", "image"), _video_facts(vision.facts))
                   for span, sel, vision in zip(native.spans, selection.images, native.visions)]
         return GenerationResult(
-            text=text, token_ids=tokens, kept_indices=selection.keep, relevance=selection.relevance,
-            timings=times, num_visual_tokens=native.num_candidates, prompt_tokens=native.length,
-            prefill_tokens=prefill_tokens, budget=request.budget, method=request.method, finish_reason=finish,
-            panels=native.vision.panels if native.visions else (), options=request.options, images=images,
-            cached_tokens=cached, demand=request.demand)
+            text=text, token_ids=tokens, timings=times, prompt_tokens=native.length, prefill_tokens=prefill_tokens,
+            budget=request.budget, method=request.method, finish_reason=finish, options=request.options,
+            images=images, cached_tokens=cached, demand=request.demand)

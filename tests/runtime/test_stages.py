@@ -46,13 +46,13 @@ def test_native_sequence_is_the_full_sequence(pipe, native):
     ids, vis = native.layout.input_ids, native.layout.visual_positions
     image_id = pipe.manifest.token_ids["image_token_id"]
     n = pipe.manifest.max_visual_tokens  # LLaVA-1.5: a fixed n, every row a candidate
-    assert native.num_candidates == n and len(native.span.rows) == n and len(vis) == n
+    assert len(native.spans[0].candidates) == n and len(native.spans[0].rows) == n and len(vis) == n
     assert native.length == len(ids) == native.embeds.shape[0] == native.positions.shape[1]
     np.testing.assert_array_equal(vis, np.flatnonzero(ids == image_id))
-    np.testing.assert_array_equal(native.candidate_positions, vis)
+    np.testing.assert_array_equal(native.candidates_of(0), vis)
     np.testing.assert_array_equal(native.positions, np.arange(native.length)[None])  # LLaVA: [1, L], 0..L-1
     assert native.embeds.dtype == pipe.float_dtype and native.embeds.shape[1] == pipe.manifest.dims["hidden_size"]
-    np.testing.assert_array_equal(native.embeds[vis], native.span.rows)
+    np.testing.assert_array_equal(native.embeds[vis], native.spans[0].rows)
     text = np.flatnonzero(ids != image_id)
     np.testing.assert_array_equal(native.embeds[text], pipe.embed(ids[text]))
     np.testing.assert_array_equal(native.is_text, ids != image_id)
@@ -70,27 +70,28 @@ def test_native_sequence_rejects_an_empty_prompt(pipe, demo_image):
 @pytest.mark.parametrize("budget", [1, 16, 143, 500])
 def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, budget):
     sel = pipe.select(pipe.request(demo_image, Q, budget=budget, method=method, seed=7), native)
-    n = native.num_candidates
-    assert sel.keep.dtype == np.int64 and len(sel.keep) == min(budget, n)
-    assert np.all(np.diff(sel.keep) > 0) and sel.keep[0] >= 0 and sel.keep[-1] < n
-    np.testing.assert_array_equal(sel.kept_rows, native.span.candidates[sel.keep])  # LLaVA: nothing always kept
+    img, span = sel.images[0], native.spans[0]  # the one image
+    n = len(span.candidates)
+    assert img.keep.dtype == np.int64 and len(img.keep) == min(budget, n)
+    assert np.all(np.diff(img.keep) > 0) and img.keep[0] >= 0 and img.keep[-1] < n
+    np.testing.assert_array_equal(img.kept_rows, span.candidates[img.keep])  # LLaVA: nothing always kept
     if method in ("coverpruner", "attention"):
-        assert sel.relevance.shape == (n,) and sel.relevance.dtype == np.float32
+        assert img.relevance.shape == (n,) and img.relevance.dtype == np.float32
         assert set(sel.timings) == {"probe", "select"}
     else:
-        assert sel.relevance is None and set(sel.timings) == {"select"}
-    feats = native.span.features.astype(np.float32)
+        assert img.relevance is None and set(sel.timings) == {"select"}
+    feats = span.features.astype(np.float32)
     if method == "coverpruner":
-        assert_same_or_not_worse(sel.keep, feats, sel.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
+        assert_same_or_not_worse(img.keep, feats, img.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
     elif method == "divprune":
-        np.testing.assert_array_equal(sel.keep, divprune_reference(feats, budget))
+        np.testing.assert_array_equal(img.keep, divprune_reference(feats, budget))
 
 
 def test_select_full_budget_keeps_every_row(pipe, native, demo_image):
     sel = pipe.select(pipe.request(demo_image, Q, budget="full"), native)
-    np.testing.assert_array_equal(sel.keep, np.arange(native.num_candidates))
-    np.testing.assert_array_equal(sel.kept_rows, np.arange(len(native.span.rows)))
-    assert sel.relevance is None and sel.timings == {}
+    np.testing.assert_array_equal(sel.images[0].keep, np.arange(len(native.spans[0].candidates)))
+    np.testing.assert_array_equal(sel.images[0].kept_rows, np.arange(len(native.spans[0].rows)))
+    assert sel.images[0].relevance is None and sel.timings == {}
 
 
 def _plain_decoder(pipe):
@@ -105,7 +106,7 @@ def test_prefill_runs_the_pruned_sequence(pipe, native, demo_image):
     pre = pipe.prefill(req, native, sel)
     ids = native.layout.input_ids
     text = np.flatnonzero(ids != pipe.manifest.token_ids["image_token_id"])
-    want_rows = np.sort(np.concatenate([text, native.layout.visual_positions[sel.keep]]))
+    want_rows = np.sort(np.concatenate([text, native.layout.visual_positions[sel.images[0].keep]]))
     np.testing.assert_array_equal(pre.rows, want_rows)
     L1 = len(want_rows)
     assert pre.length == L1 == len(text) + 16 and pipe.decoder.length == L1
@@ -161,11 +162,11 @@ def test_stages_composed_equal_generate(pipe, demo_image, kw):
     native, sel, pre, tokens = _composed(pipe, pipe.request(demo_image, Q, **kw))
     got = pipe.generate(demo_image, Q, **kw)
     assert got.token_ids == tokens
-    np.testing.assert_array_equal(got.kept_indices, sel.keep)
-    assert (got.relevance is None) == (sel.relevance is None)
-    if sel.relevance is not None:
-        np.testing.assert_array_equal(got.relevance, sel.relevance)
+    np.testing.assert_array_equal(got.kept_indices, sel.images[0].keep)
+    assert (got.relevance is None) == (sel.images[0].relevance is None)
+    if sel.images[0].relevance is not None:
+        np.testing.assert_array_equal(got.relevance, sel.images[0].relevance)
     assert got.prompt_tokens == native.length and got.prefill_tokens == pre.length
-    assert got.num_visual_tokens == native.num_candidates
+    assert got.num_visual_tokens == len(native.spans[0].candidates)
     assert tuple(got.timings) == TIMING_KEYS
 
