@@ -23,7 +23,6 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Mapping
 
 from coverpruner.runtime.errors import OptionError
@@ -154,7 +153,7 @@ class GenerationOptions:
         if not isinstance(self.family, Mapping) or not all(isinstance(k, str) for k in self.family):
             raise OptionError(f"family options must be a mapping of names to values, got {self.family!r}",
                               param="family")
-        put(self, "family", MappingProxyType(dict(self.family)))
+        put(self, "family", dict(self.family))  # a copy: the caller's mapping may change afterwards
 
     @classmethod
     def of(cls, options: "GenerationOptions | None" = None, **kwargs) -> "GenerationOptions":
@@ -164,18 +163,13 @@ class GenerationOptions:
         ``pipe.generate(img, q, options=GenerationOptions(budget=16))`` are the same request."""
         if options is not None and not isinstance(options, cls):
             raise OptionError(f"options must be a GenerationOptions, got {type(options).__name__}", param="options")
-        names = {f.name for f in dataclasses.fields(cls)} - {"family"}
+        names = {f.name for f in dataclasses.fields(cls)}
         given = {k: v for k, v in kwargs.items() if k in names}
-        family = {k: v for k, v in kwargs.items() if k not in names}
-        if "family" in kwargs and isinstance(kwargs["family"], Mapping):
-            family = {**kwargs["family"], **{k: v for k, v in family.items() if k != "family"}}
+        extra = {k: v for k, v in kwargs.items() if k not in names}
         base = options or cls()
-        if not given and not family:
+        if not given and not extra:
             return base
-        return dataclasses.replace(base, **given, family={**base.family, **family})
-
-    def to_dict(self) -> dict:
-        """The fields by name (family a plain dict): what a caller passes on as keyword arguments."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["family"] = dict(self.family)
-        return out
+        if extra:  # family options by their own names, over the family mapping given or held
+            family = given.get("family", base.family)
+            given["family"] = {**family, **extra} if isinstance(family, Mapping) else family
+        return dataclasses.replace(base, **given)

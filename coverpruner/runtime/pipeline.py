@@ -40,8 +40,8 @@ from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestErr
 from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
-# parse_budget is also imported from here by the CLIs and the server
-from coverpruner.runtime.options import DEMANDS, METHODS, GenerationOptions, check_method, check_tau, parse_budget
+# METHODS and parse_budget are also imported from here by the CLIs
+from coverpruner.runtime.options import METHODS, GenerationOptions, check_method, check_tau, parse_budget  # noqa: F401
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder

@@ -14,7 +14,7 @@ import pytest
 
 from coverpruner.engine_dir import graph_spec
 from coverpruner.engines.ort import OrtSessionFactory
-from coverpruner.runtime import METHODS, OptionError, PromptError, Request
+from coverpruner.runtime import METHODS, GenerationOptions, OptionError, PromptError, Request
 from coverpruner.runtime.result import TIMING_KEYS
 from coverpruner.runtime.sampling import Sampler
 from tests.literal_selection import assert_same_or_not_worse, divprune_reference
@@ -40,6 +40,23 @@ def test_request_holds_validated_options(pipe, demo_image):
                     (dict(colour="red"), "unknown option")):
         with pytest.raises(OptionError, match=msg):
             pipe.request(demo_image, Q, **kw)
+
+
+def test_options_object_equals_keywords(pipe, demo_image):
+    """Issue 25: options pass by name; a GenerationOptions (options=) is the same request as its keywords, and a
+    keyword beside it replaces that field. Request holds no image / prompt beside its conversation."""
+    opts = GenerationOptions(budget=16, tau=0.5, max_new_tokens=3, seed=4, ignore_eos=True)
+    a = pipe.request(demo_image, Q, options=opts)
+    b = pipe.request(demo_image, Q, budget=16, tau=0.5, max_new_tokens=3, seed=4, ignore_eos=True)
+    fields = ("budget", "method", "tau", "max_new_tokens", "sampling", "stop_ids", "options", "demand")
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    assert a.conversation.messages == b.conversation.messages == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": Q}]}]
+    assert a.conversation.images == [demo_image] and not hasattr(a, "prompt") and not hasattr(a, "image")
+    c = pipe.request(demo_image, Q, options=opts, budget=8)
+    assert (c.budget, c.tau, c.max_new_tokens) == (8, 0.5, 3)
+    with pytest.raises(TypeError):
+        pipe.request(demo_image, Q, 16)  # options are keywords, never positions
 
 
 def test_native_sequence_is_the_full_sequence(pipe, native):
