@@ -5,8 +5,8 @@ Export time (`HFFamily`): the chat template shipped with the checkpoint, loading
 the decoder stack, the LM head and layer 0's probe parts sit, the decoder dims and token ids, and the manifest
 fields every family records. Run time (`HFRuntime`, numpy only): the facts read from the manifest and the
 chat-template layout (jinja2 rendering with transformers' ``{% generation %}`` tag, placeholder expansion,
-tokenization of a conversation into a ConversationLayout); `CompactPositions`, the LLaVA families' position scheme. CLIP's mean/std
-(the default of every processor here) are written once, below.
+tokenization of a conversation into a ConversationLayout); `CompactPositions`, the LLaVA families' position
+scheme. CLIP's mean/std (the default of every processor here) are written once, below.
 
 What a family provides is typed in coverpruner.families.contract (Family, FamilyRuntime). Importing this module
 does not import torch or transformers; the export-time methods import them inside their bodies.
