@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _drawable(pipe, images: list, options: dict) -> list:
     """The conversation's images with each video replaced by the frames its family sampled (what the picture
-    draws); a video reached here was already read and sampled once by the request itself."""
+    draws); a video reached here was already read and sampled once by the request itself. options: the family's
+    request options as the request applied them (GenerationResult.options)."""
     from coverpruner.video import VideoInput
 
     return [pipe.family_runtime.sampled_frames(im, options) if isinstance(im, VideoInput) else im for im in images]
@@ -188,7 +189,7 @@ def run(args) -> int:
 
             if not result.images:
                 raise OptionError("--save-selection: the conversation has no image to draw")
-            save_conversation(args.save_selection, _drawable(pipe, normalize(messages).images, common),
+            save_conversation(args.save_selection, _drawable(pipe, normalize(messages).images, result.options),
                               result.images)
         else:
             save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
