@@ -215,11 +215,11 @@ def main(argv=None) -> int:
     first = pipes[args.backends[0]]
     request = first.request(image, PROMPT, budget=BUDGET, max_new_tokens=1, ignore_eos=True)
     native = first.native_sequence(request)  # the same native sequence for every backend (same engine dir)
-    n = native.num_candidates
+    span = native.spans[0]  # the one image
+    n = len(span.candidates)
     for b, pipe in pipes.items():  # warm-up: ORT arenas, first-run kernel choices
         pipe.select(request, native)
-    span = native.span
-    relevance = first.select(request, native).relevance
+    relevance = first.select(request, native).images[0].relevance
     instr = native.layout.instruction(0, request.demand)
     calls = {"onnx": lambda v: pipes["onnx"].select_onnx(v, relevance, BUDGET, request.tau),
              "numpy": lambda v: coverage_select(v, relevance, BUDGET, request.tau, backend="numpy")}

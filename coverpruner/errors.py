@@ -1,35 +1,73 @@
 """The errors every layer shares; each message is one line naming the problem.
 
-The CLIs turn every ``CoverPrunerError`` into that one line on stderr and exit code 2; the server into a 4xx
-with OpenAI's error JSON. They live at the bottom of the layers so that images/, families/, export/, engines/
-and runtime/ raise the same classes; ``coverpruner.runtime`` re-exports them as part of its public API.
+Each error carries a machine ``code`` (a per-class default, or the one its raise site names: e.g. PromptError
+code "context_length_exceeded") and the ``param`` it is about (the option, field or message path), both set
+where it is raised. The CLIs turn every ``CoverPrunerError`` into its one line on stderr and exit code 2; the
+server maps ``code`` to an HTTP status and OpenAI error type in one table (serving/errors.py) and reports
+``param``: no code is ever derived from message text. They live at the bottom of the layers so that images/,
+families/, export/, engines/ and runtime/ raise the same classes; ``coverpruner.runtime`` re-exports them.
 """
 
 from __future__ import annotations
 
-__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError"]
+__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError", "CODES"]
 
 
 class CoverPrunerError(Exception):
-    """Base class: a user-facing problem with the engine dir, the image, the prompt or an option."""
+    """Base class: a user-facing problem with the engine dir, the image, the prompt or an option.
+
+    code: machine id of the problem (default: the class's ``default_code``; one of CODES); param: the option,
+    request field or message path it is about, or None.
+    """
+
+    default_code = "invalid_request"
+
+    def __init__(self, message: str = "", *, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.code = code or self.default_code
+        self.param = param
 
 
 class ManifestError(CoverPrunerError):
     """Missing directory or manifest, unknown format version, missing/invalid field, hash mismatch."""
 
+    default_code = "invalid_engine_dir"
+
 
 class ImageError(CoverPrunerError):
     """Image file missing, unreadable or corrupt."""
+
+    default_code = "invalid_image"
 
 
 class VideoError(ImageError):
     """Video file missing, unreadable, corrupt, without a video stream, or with more frames than allowed. A kind of
     ImageError, so every place that reports a bad image (exit code 2, HTTP 400) reports a bad video the same way."""
 
+    default_code = "invalid_video"
+
 
 class PromptError(CoverPrunerError):
     """Prompt does not fit the context window, or the chat template cannot hold it."""
 
+    default_code = "invalid_prompt"
+
 
 class OptionError(CoverPrunerError):
-    """Unknown method, provider, budget or sampling option."""
+    """Unknown method, provider, budget or sampling option (param: the option's name)."""
+
+    default_code = "invalid_value"
+
+
+#: Every code a CoverPrunerError may carry (class defaults and the ones raise sites name) -> what it means.
+#: serving/errors.py maps each to an HTTP status; tests/serving/test_error_codes.py raises each one.
+CODES = {
+    "invalid_request": "a problem with the request that no narrower code names",
+    "invalid_engine_dir": "the engine dir is missing, malformed or changed on disk (the server's fault)",
+    "invalid_image": "an image is missing, unreadable or corrupt",
+    "invalid_video": "a video is missing, unreadable, corrupt or has too many frames",
+    "invalid_prompt": "the messages or the prompt are malformed",
+    "context_length_exceeded": "the prompt does not fit the model's context",
+    "too_many_images": "more images and videos than the request's max_images",
+    "invalid_value": "an option has the wrong type, is out of range or unknown",
+}

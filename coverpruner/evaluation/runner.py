@@ -20,7 +20,7 @@ from coverpruner.evaluation.files import JsonlAppender, read_jsonl, write_json
 from coverpruner.evaluation.scoring import reference, score_samples
 from coverpruner.evaluation.tasks import TaskSpec
 from coverpruner.runtime import METHODS, GenerationResult, OptionError, PromptError
-from coverpruner.runtime.options import MAX_BUDGET
+from coverpruner.runtime.options import MAX_BUDGET, GenerationOptions
 
 FULL = "full"
 
@@ -116,10 +116,10 @@ class Runner:
 
     def _ask(self, sample: Sample, gqa_images):
         """The sample's images read (ValueError naming file, row and column when one is missing or unreadable)
-        -> a function of the generation options that answers it."""
+        -> a function of the GenerationOptions that answers it."""
         if self.task.content is None:
             image, prompt = self._image(sample, gqa_images), self.task.prompt(sample.doc)
-            return lambda **options: self.pipe.generate(image, prompt, **options)
+            return lambda options: self.pipe.generate(image, prompt, options=options)
         parts = []
         for part in self.task.content(sample.doc):
             if part["type"] != "image":
@@ -132,7 +132,7 @@ class Runner:
                                  "but the row has no image there")
             parts.append({"type": "image", "image": open_image(cell, sample.base, sample.where, column)})
         messages = [{"role": "user", "content": parts}]
-        return lambda **options: self.pipe.chat(messages, max_images=self.s.max_images, **options)
+        return lambda options: self.pipe.chat(messages, options=options)
 
     def _gqa_images(self, samples):
         if not samples[0].by_id:
@@ -170,8 +170,9 @@ class Runner:
                         continue
                     for i, (budget, method) in enumerate(cs):
                         try:
-                            res = ask(budget=budget, method="coverpruner" if method == FULL else method,
-                                      tau=self.s.tau, max_new_tokens=max_new, temperature=0.0)
+                            res = ask(GenerationOptions(budget=budget, method="coverpruner" if method == FULL
+                                                        else method, tau=self.s.tau, max_new_tokens=max_new,
+                                                        temperature=0.0, max_images=self.s.max_images))
                         except PromptError as exc:  # the prompt does not fit the context, or too many images
                             self._report(f"{sample.where}: {exc}")
                             bar.update(len(cs) - i)

@@ -10,7 +10,6 @@ imports another family. One request, as the runtime drives it (shapes for batch 
     image  --prepare_image-->  VisionInputs: feeds for vision.onnx, n, picture geometry, private facts
     video  --prepare_video-->  VisionInputs as an image's (facts["kind"] = "video"; families without video refuse)
     vision.onnx outputs  --image_span-->  ImageSpan: rows [S, d] of the image span, candidates [n] among them
-    prompt  --layout(S)-->  NativeLayout: input_ids [L], visual_positions [S], instruction_positions [T]
     messages --conversation_layout([S_j])--> ConversationLayout: input_ids [L], image_spans [S_j] per image,
              instruction tokens per image (its message) and of the last user message (k images, k >= 0)
     native_positions  -> int64 [R, L]                      (R = position_rank: 1, or 3 for M-RoPE)
@@ -123,21 +122,6 @@ class ImageSpan:
     def features(self) -> np.ndarray:
         """V: float [n, d], the candidate rows."""
         return self.rows[self.candidates]
-
-
-@dataclass(frozen=True)
-class NativeLayout:
-    """The un-pruned input sequence of one request (batch 1).
-
-    input_ids: int64 [L] (image placeholders expanded to S image-token ids); visual_positions: int64 [S]
-    (sequence indices of the image-span rows, ascending); instruction_positions: int64 [T] (sequence
-    indices of the tokens overlapping the user's prompt text); text: the rendered prompt.
-    """
-
-    input_ids: np.ndarray
-    visual_positions: np.ndarray
-    instruction_positions: np.ndarray
-    text: str = ""
 
 
 @dataclass(frozen=True)
@@ -276,11 +260,6 @@ class FamilyRuntime(Protocol):
     def image_span(self, outputs: dict[str, np.ndarray], vision: VisionInputs, options: dict) -> ImageSpan:
         """The vision graph's outputs (by name, batch axis included) -> the image span of the sequence."""
 
-    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
-        """Chat template + tokenization of one user turn [image, prompt] with the image placeholder expanded
-        to ``num_image_rows`` (S) tokens. tokenizer: a `tokenizers.Tokenizer`. ValueError (one line) when
-        the prompt cannot be laid out (empty, contains the image token, ...)."""
-
     def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
         """Chat template + tokenization of a conversation. messages: [{"role": "system"|"user"|"assistant",
         "content": [{"type": "text", "text": str} | {"type": "image"} | {"type": "video"}, ...]}]
@@ -288,8 +267,7 @@ class FamilyRuntime(Protocol):
         together, in order) expands to ``rows_per_image[j]`` (S_j) tokens.
         ValueError (one line, naming messages[i].content[j]) for text the layout cannot take."""
 
-    def native_positions(self, layout: NativeLayout | ConversationLayout,
-                         visions: VisionInputs | list[VisionInputs]) -> np.ndarray:
+    def native_positions(self, layout: ConversationLayout, visions: list[VisionInputs]) -> np.ndarray:
         """int64 [R, L]: the positions the model itself gives the full sequence (visions: the images in order,
         or the one image of a one-image layout)."""
 

@@ -5,8 +5,8 @@ Export time (`HFFamily`): the chat template shipped with the checkpoint, loading
 the decoder stack, the LM head and layer 0's probe parts sit, the decoder dims and token ids, and the manifest
 fields every family records. Run time (`HFRuntime`, numpy only): the facts read from the manifest and the
 chat-template layout (jinja2 rendering with transformers' ``{% generation %}`` tag, placeholder expansion,
-tokenization into a NativeLayout); `CompactPositions`, the LLaVA families' position scheme. CLIP's mean/std
-(the default of every processor here) are written once, below.
+tokenization of a conversation into a ConversationLayout); `CompactPositions`, the LLaVA families' position
+scheme. CLIP's mean/std (the default of every processor here) are written once, below.
 
 What a family provides is typed in coverpruner.families.contract (Family, FamilyRuntime). Importing this module
 does not import torch or transformers; the export-time methods import them inside their bodies.
@@ -21,29 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import (ConversationLayout, DecoderLayerWeights, DecoderWeights, NativeLayout,
-                                           ProbeParts)
+from coverpruner.families.contract import ConversationLayout, DecoderLayerWeights, DecoderWeights, ProbeParts
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
-PROMPT_SENTINEL = "\u2063COVERPRUNER_PROMPT\u2063"  # invisible separator chars: never in real prompts
-# one sentinel per text part of a conversation (the k-th text part renders as TEXT_SENTINEL.format(k))
+# one sentinel per text part of a conversation (the k-th text part renders as TEXT_SENTINEL.format(k));
+# invisible separator chars: never in real text
 TEXT_SENTINEL = "\u2063COVERPRUNER_TEXT{}\u2063"
-
-
-@dataclass(frozen=True)
-class RenderedPrompt:
-    """Chat-template output with image placeholders already expanded.
-
-    text: the full prompt string fed to the tokenizer.
-    prompt_span: [start, end) character span of the user's prompt text inside `text`.
-    """
-
-    text: str
-    prompt_span: tuple[int, int]
-
 
 
 def render_chat_template(chat_template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -110,46 +96,6 @@ class OffsetIndex:
             hits = np.concatenate([self._index[(self._a < e) & (self._b > s)] for s, e in se] or
                                   [np.zeros(0, np.int64)])
         return np.unique(hits).astype(np.int64)
-
-
-def render_image_prompt(chat_template: str, prompt: str, image_token: str, num_image_rows: int) -> RenderedPrompt:
-    """Apply the chat template to one user turn (image, then text) and expand the image token to
-    ``num_image_rows`` copies, as the HF processors do before tokenizing.
-
-    Returns the text the tokenizer sees and the character span of ``prompt`` inside it. ValueError (one
-    line) when the prompt holds the image token or the template does not render each exactly once.
-    """
-    if image_token in prompt:
-        raise ValueError(f"the prompt must not contain the image token {image_token!r}; the image is "
-                         "placed by the chat template")
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT_SENTINEL}]}]
-    text = render_chat_template(chat_template, messages, add_generation_prompt=True)
-    if text.count(PROMPT_SENTINEL) != 1 or text.count(image_token) != 1:
-        raise ValueError("chat template must render the prompt and the image placeholder exactly once; got "
-                         f"{text!r}")
-    text = text.replace(image_token, image_token * num_image_rows)
-    start = text.index(PROMPT_SENTINEL)
-    return RenderedPrompt(text.replace(PROMPT_SENTINEL, prompt), (start, start + len(prompt)))
-
-
-def tokenize_layout(tokenizer, rendered: RenderedPrompt, image_token_id: int, num_image_rows: int) -> NativeLayout:
-    """Tokenize ``rendered`` with a `tokenizers.Tokenizer` (BOS from its post-processor, as HF does).
-
-    visual_positions: the image-token ids' indices (must be ``num_image_rows`` of them); instruction
-    positions: tokens whose non-empty offsets overlap the prompt span, image tokens excluded. ValueError
-    (one line) on a count mismatch or an empty instruction.
-    """
-    enc = tokenizer.encode(rendered.text)
-    ids = np.asarray(enc.ids, dtype=np.int64)
-    visual = np.flatnonzero(ids == image_token_id).astype(np.int64)
-    if visual.size != num_image_rows:
-        raise ValueError(f"tokenized prompt has {visual.size} image tokens (id {image_token_id}), expected "
-                         f"{num_image_rows}")
-    instr = instruction_positions_from_offsets(enc.offsets, rendered.prompt_span)
-    instr = instr[~np.isin(instr, visual)]
-    if instr.size == 0:
-        raise ValueError("the prompt produced no instruction tokens (empty prompt?)")
-    return NativeLayout(ids, visual, instr, rendered.text)
 
 
 @dataclass(frozen=True)
@@ -258,7 +204,7 @@ class CompactPositions:
 
     position_rank = 1
 
-    def native_positions(self, layout: NativeLayout, vision=None) -> np.ndarray:
+    def native_positions(self, layout: ConversationLayout, vision=None) -> np.ndarray:
         """int64 [1, L] = 0..L-1."""
         return np.arange(len(layout.input_ids), dtype=np.int64)[None, :]
 
@@ -433,10 +379,6 @@ class HFRuntime:
         self.family_name = getattr(manifest, "family", type(self).__name__)
         self.image_token_id = int(manifest.token_ids["image_token_id"])
         self.float_dtype = np.dtype(manifest.float_dtype)
-
-    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
-        rendered = render_image_prompt(self.chat_template, prompt, self.image_token, num_image_rows)
-        return tokenize_layout(tokenizer, rendered, self.image_token_id, num_image_rows)
 
     def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
         """contract.FamilyRuntime.conversation_layout: the chat template over the whole conversation."""

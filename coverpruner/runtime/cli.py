@@ -20,6 +20,7 @@ from pathlib import Path
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.families import request_options
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
+from coverpruner.runtime.options import GenerationOptions
 from coverpruner.runtime.pipeline import METHODS, parse_budget
 
 
@@ -73,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _drawable(pipe, images: list, options: dict) -> list:
     """The conversation's images with each video replaced by the frames its family sampled (what the picture
-    draws); a video reached here was already read and sampled once by the request itself."""
+    draws); a video reached here was already read and sampled once by the request itself. options: the family's
+    request options as the request applied them (GenerationResult.options)."""
     from coverpruner.video import VideoInput
 
     return [pipe.family_runtime.sampled_frames(im, options) if isinstance(im, VideoInput) else im for im in images]
@@ -167,12 +169,13 @@ def run(args) -> int:
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")
     options = {k[len("family_"):]: v for k, v in vars(args).items() if k.startswith("family_") and v is not None}
-    common = dict(budget=budget, method=method, tau=args.tau, max_new_tokens=args.max_new_tokens,
-                  temperature=args.temperature, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos, **options)
+    opts = GenerationOptions(budget=budget, method=method, tau=args.tau, demand=args.demand,
+                             max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                             seed=args.seed, ignore_eos=args.ignore_eos, max_images=args.max_images, family=options)
     if messages is not None:
-        stream = pipe.chat_stream(messages, demand=args.demand, max_images=args.max_images, **common)
+        stream = pipe.chat_stream(messages, options=opts)
     else:
-        stream = pipe.stream(args.image, args.prompt, **common)
+        stream = pipe.stream(args.image, args.prompt, options=opts)
     for piece in stream:
         if args.stream and not args.json:
             print(piece, end="", flush=True)
@@ -186,7 +189,7 @@ def run(args) -> int:
 
             if not result.images:
                 raise OptionError("--save-selection: the conversation has no image to draw")
-            save_conversation(args.save_selection, _drawable(pipe, normalize(messages).images, common),
+            save_conversation(args.save_selection, _drawable(pipe, normalize(messages).images, result.options),
                               result.images)
         else:
             save_selection(args.save_selection, args.image, result.kept_indices, result.panels)

@@ -45,16 +45,16 @@ def _data_url_image(url: str, where: str):
 
     header, _, payload = url.partition(",")
     if ";base64" not in header:
-        raise ImageError(f"{where}: data URL must be base64-encoded (data:image/png;base64,...)")
+        raise ImageError(f"{where}: data URL must be base64-encoded (data:image/png;base64,...)", param=where)
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageError(f"{where}: data URL payload is not valid base64") from None
+        raise ImageError(f"{where}: data URL payload is not valid base64", param=where) from None
     try:
         img = Image.open(io.BytesIO(data))
         img.load()
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})") from None
+        raise ImageError(f"{where}: cannot decode the image ({type(exc).__name__}: {exc})", param=where) from None
     return img
 
 
@@ -62,16 +62,18 @@ def _image(part: dict, where: str):
     """The image object of an image / image_url part (a data: URL decoded, a local path passed on)."""
     if part["type"] == "image":
         if "image" not in part:
-            raise PromptError(f"{where}: image part needs the field 'image' (path, PIL image or uint8 array)")
+            raise PromptError(f"{where}: image part needs the field 'image' (path, PIL image or uint8 array)",
+                              param=where)
         return part["image"]
     url = part.get("image_url")
     url = url.get("url") if isinstance(url, dict) else url
     if not isinstance(url, str) or not url:
-        raise PromptError(f"{where}: image_url part needs image_url.url (a string)")
+        raise PromptError(f"{where}: image_url part needs image_url.url (a string)", param=where)
     if url.startswith("data:"):
         return _data_url_image(url, where)
     if url.startswith(("http://", "https://")):
-        raise ImageError(f"{where}: remote image URLs are not fetched here; pass a local path or a data: URL")
+        raise ImageError(f"{where}: remote image URLs are not fetched here; pass a local path or a data: URL",
+                         param=where)
     return url.removeprefix("file://")
 
 
@@ -80,20 +82,21 @@ def _video(part: dict, where: str) -> VideoInput:
     video = part.get("video")
     if isinstance(video, (list, tuple)):
         if not video:
-            raise PromptError(f"{where}: video part's frame list is empty")
+            raise PromptError(f"{where}: video part's frame list is empty", param=where)
     elif isinstance(video, str):
         if video.startswith(("http://", "https://")):
-            raise ImageError(f"{where}: remote video URLs are not fetched here; pass a local path or the frames")
+            raise ImageError(f"{where}: remote video URLs are not fetched here; pass a local path or the frames",
+                             param=where)
         video = video.removeprefix("file://")
     elif not isinstance(video, (bytes, bytearray)):
         raise PromptError(f"{where}: video part needs the field 'video' (a list of frames, a video file path or "
-                          "the file's bytes)")
+                          "the file's bytes)", param=where)
     fps, max_frames = part.get("fps"), part.get("max_frames")
     if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps > 0):
-        raise PromptError(f"{where}: fps must be a number > 0, got {fps!r}")
+        raise PromptError(f"{where}: fps must be a number > 0, got {fps!r}", param=where)
     if max_frames is not None and (not isinstance(max_frames, int) or isinstance(max_frames, bool)
                                    or max_frames < 2):
-        raise PromptError(f"{where}: max_frames must be an integer >= 2, got {max_frames!r}")
+        raise PromptError(f"{where}: max_frames must be an integer >= 2, got {max_frames!r}", param=where)
     return VideoInput(video, None if fps is None else float(fps), max_frames, where)
 
 
@@ -105,35 +108,37 @@ def normalize(messages, max_images: int | None = None) -> Conversation:
     out, images = [], []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
-            raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'")
+            raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'", param=f"messages[{i}]")
         role, content = msg["role"], msg["content"]
         if role not in ROLES:
-            raise PromptError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}")
+            raise PromptError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
+                              param=f"messages[{i}].role")
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
         if not isinstance(content, (list, tuple)):
-            raise PromptError(f"messages[{i}].content must be a string or a list of parts")
+            raise PromptError(f"messages[{i}].content must be a string or a list of parts",
+                              param=f"messages[{i}].content")
         parts = []
         for j, part in enumerate(content):
             where = f"messages[{i}].content[{j}]"
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
                 if not isinstance(part.get("text"), str):
-                    raise PromptError(f"{where}: text part needs a string field 'text'")
+                    raise PromptError(f"{where}: text part needs a string field 'text'", param=where)
                 parts.append({"type": "text", "text": part["text"]})
             elif kind in ("image", "image_url"):
                 if role != "user":
-                    raise PromptError(f"{where}: images belong in user messages, not {role!r}")
+                    raise PromptError(f"{where}: images belong in user messages, not {role!r}", param=where)
                 images.append(_image(part, where))
                 parts.append({"type": "image"})
             elif kind == "video":
                 if role != "user":
-                    raise PromptError(f"{where}: videos belong in user messages, not {role!r}")
+                    raise PromptError(f"{where}: videos belong in user messages, not {role!r}", param=where)
                 images.append(_video(part, where))
                 parts.append({"type": "video"})
             else:
                 raise PromptError(f"{where}: part type {kind!r} is not supported; expected 'text', 'image_url', "
-                                  "'image' or 'video'")
+                                  "'image' or 'video'", param=where)
         out.append({"role": role, "content": parts})
     if out[-1]["role"] != "user":
         raise PromptError(f"messages[{len(out) - 1}]: the last message must be the user's (got "
@@ -143,5 +148,5 @@ def normalize(messages, max_images: int | None = None) -> Conversation:
     if max_images is not None and len(images) > max_images:
         what = "images" if not any(isinstance(v, VideoInput) for v in images) else "images and videos"
         raise PromptError(f"the messages hold {len(images)} {what}; at most {max_images} per request "
-                          "(max_images)")
+                          "(max_images)", code="too_many_images")
     return Conversation(out, images)

@@ -1,5 +1,6 @@
-"""The one check of every numeric request option, shared by coverpruner-run, the server's schema and
-``Pipeline.generate`` / ``stream``: right type (an int is not a bool or a float; a number is not a string),
+"""Generation options as one typed object (GenerationOptions, in the spirit of vLLM's SamplingParams), validated
+once when it is built, and the one check of every numeric request option it runs, shared by coverpruner-run,
+the server's schema and every ``Pipeline`` call: right type (an int is not a bool or a float; a number is not a string),
 finite, in range. Each failure is an OptionError whose one-line message names the option and says what was
 expected and what came.
 
@@ -12,14 +13,20 @@ Bounds, and why:
 - seed: 0 .. 2**63 - 1 (numpy's generator refuses negatives; int64 bound for any backend).
 - max_new_tokens: 1 .. MAX_NEW_TOKENS (the context ends decoding long before).
 - temperature: finite, >= 0; top_p: finite, in (0, 1].
+
+Each refusal is raised with ``param=`` the option's name (the server reports it as the OpenAI error's param).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
+from dataclasses import dataclass, field
+from typing import Mapping
 
 from coverpruner.runtime.errors import OptionError
+from coverpruner.selection import SELECTORS
 
 TAU_MAX = 64.0
 MAX_BUDGET = 2 ** 31 - 1
@@ -38,7 +45,7 @@ def _is_number(value) -> bool:
 def check_int(name: str, value, lo: int, hi: int) -> int:
     """An integer in [lo, hi] (not a bool, not a float, not a string) -> int."""
     if not _is_int(value) or not lo <= value <= hi:
-        raise OptionError(f"{name} must be an integer in {lo}..{hi}, got {value!r}")
+        raise OptionError(f"{name} must be an integer in {lo}..{hi}, got {value!r}", param=name)
     return int(value)
 
 
@@ -47,7 +54,7 @@ def check_float(name: str, value, lo: float, hi: float, lo_open: bool = False) -
     ok = _is_number(value) and math.isfinite(value) and (lo < value if lo_open else lo <= value) and value <= hi
     if not ok:
         rng = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-        raise OptionError(f"{name} must be a finite number in {rng}, got {value!r}")
+        raise OptionError(f"{name} must be a finite number in {rng}, got {value!r}", param=name)
     return float(value)
 
 
@@ -73,7 +80,7 @@ def check_top_p(value) -> float:
 
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise OptionError(f"{name} must be true or false, got {value!r}")
+        raise OptionError(f"{name} must be true or false, got {value!r}", param=name)
     return value
 
 
@@ -86,5 +93,83 @@ def parse_budget(budget) -> int | None:
     if isinstance(budget, str) and budget.strip().isdigit():
         value = int(budget.strip())
     if not _is_int(value) or not 1 <= value <= MAX_BUDGET:
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r} (integers 1..{MAX_BUDGET})")
+        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r} (integers 1..{MAX_BUDGET})",
+                          param="budget")
     return int(value)
+
+
+#: Selection methods: the names coverpruner.selection registers.
+METHODS = tuple(SELECTORS)
+#: Where an image's demand comes from: its own user message ("turn") or the last user message ("latest").
+DEMANDS = ("turn", "latest")
+
+
+def check_method(method) -> str:
+    if method not in METHODS:
+        raise OptionError(f"unknown method {method!r}; expected one of {list(METHODS)}", param="method")
+    return method
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """Everything a request may set besides its image(s) and text, validated when built (OptionError naming the
+    option otherwise). What depends on the engine dir is resolved by Pipeline.request: tau None and max_images
+    None take the manifest's defaults, ``family`` is checked against the family's request options.
+
+    budget: kept visual tokens per image; int 1..MAX_BUDGET, or None / "full" (stored as None: no pruning).
+    method: a coverpruner.selection name. tau: coverage threshold in [0, TAU_MAX] or None. demand: "turn" (an
+    image's demand comes from its own message) or "latest" (the last user message). max_new_tokens,
+    temperature, top_p, seed: generation limits and sampling (seed also seeds the random selector).
+    ignore_eos: decode past EOS up to max_new_tokens. max_images: most images + videos of a request (>= 0) or
+    None. family: the family's request options as given ({name: value}, e.g. {"newline_policy": "keep"}).
+    """
+
+    budget: int | None = 64
+    method: str = "coverpruner"
+    tau: float | None = None
+    demand: str = "turn"
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    max_images: int | None = None
+    family: Mapping = field(default_factory=dict)
+
+    def __post_init__(self):
+        put = object.__setattr__  # frozen: the checked (normalised) values replace the given ones once
+        put(self, "budget", parse_budget(self.budget))
+        check_method(self.method)
+        put(self, "tau", None if self.tau is None else check_tau(self.tau))
+        if self.demand not in DEMANDS:
+            raise OptionError(f"demand must be one of {list(DEMANDS)}, got {self.demand!r}", param="demand")
+        put(self, "max_new_tokens", check_max_new_tokens(self.max_new_tokens))
+        put(self, "temperature", check_temperature(self.temperature))
+        put(self, "top_p", check_top_p(self.top_p))
+        put(self, "seed", check_seed(self.seed))
+        check_bool("ignore_eos", self.ignore_eos)
+        if self.max_images is not None and (not _is_int(self.max_images) or self.max_images < 0):
+            raise OptionError(f"max_images must be an integer >= 0, got {self.max_images!r}", param="max_images")
+        if not isinstance(self.family, Mapping) or not all(isinstance(k, str) for k in self.family):
+            raise OptionError(f"family options must be a mapping of names to values, got {self.family!r}",
+                              param="family")
+        put(self, "family", dict(self.family))  # a copy: the caller's mapping may change afterwards
+
+    @classmethod
+    def of(cls, options: "GenerationOptions | None" = None, **kwargs) -> "GenerationOptions":
+        """``options`` (default: the defaults above) with ``kwargs`` replacing fields by name; a keyword that is no
+        field is a family request option (checked against the family by Pipeline.request). The Pipeline methods
+        take their keyword arguments through here, so ``pipe.generate(img, q, budget=16)`` and
+        ``pipe.generate(img, q, options=GenerationOptions(budget=16))`` are the same request."""
+        if options is not None and not isinstance(options, cls):
+            raise OptionError(f"options must be a GenerationOptions, got {type(options).__name__}", param="options")
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in kwargs.items() if k in names}
+        extra = {k: v for k, v in kwargs.items() if k not in names}
+        base = options or cls()
+        if not given and not extra:
+            return base
+        if extra:  # family options by their own names, over the family mapping given or held
+            family = given.get("family", base.family)
+            given["family"] = {**family, **extra} if isinstance(family, Mapping) else family
+        return dataclasses.replace(base, **given)

@@ -1,26 +1,27 @@
-"""Pipeline: an exported engine dir answering image + question with pruned visual tokens.
+"""Pipeline: an exported engine dir answering a conversation (images, videos, text turns) with pruned visual tokens.
 
-One request (batch 1; n candidates, S image-span rows, hidden size d, native length L, position rank R).
-Everything family-specific is asked of the family runtime (coverpruner.families.contract.FamilyRuntime):
+One request is a conversation with k images (batch 1; per image j: n_j candidates, S_j image-span rows; hidden
+size d, native length L, position rank R); ``generate(image, prompt)`` is the conversation of one user message
+[image, prompt]. Everything family-specific is asked of the family runtime (families.contract.FamilyRuntime):
 
-    image -> family.prepare_image -> vision feeds -> vision -> family.image_span -> rows [S,d], candidates [n]
-    prompt -> family.layout(S) -> ids [L], visual positions [S], instruction positions [T]
+    each image -> family.prepare_image -> vision feeds -> vision -> family.image_span -> rows [S_j,d], candidates [n_j]
+    messages -> family.conversation_layout([S_j]) -> ids [L], image spans [S_j], instruction tokens per image
     embed (text ids only) + image rows -> native sequence [L,d]; family.native_positions -> [R,L]
-    probe at the candidates' positions -> relevance r [n]           (only for methods that use it)
-    (V = rows[candidates], r, budget, tau) -> selector -> keep [m] ascending
+    per image: probe at its candidates' positions -> relevance r [n_j]     (only for methods that use it)
+    (V = rows[candidates], r, budget, tau) -> selector -> keep [m_j] ascending
     text + kept rows (+ the family's always-kept rows) in native order [L',d], family.pruned_positions
     -> decoder prefill -> logits -> sample -> decode loop at family.decode_position(t)
 
 The request loop is four named stages, each callable alone (gpt-fast's prefill / decode_one_token in spirit):
-``request`` (validated options) -> ``native_sequence`` -> ``select`` -> ``prefill`` -> ``decode`` (one token);
-``generate`` / ``stream`` compose them. runtime/stages.py types what each stage hands to the next.
+``request`` / ``chat_request`` (the options, runtime.options.GenerationOptions, validated once) ->
+``native_sequence`` -> ``select`` -> ``prefill`` -> ``decode`` (one token); ``generate`` / ``stream`` / ``chat`` /
+``chat_stream`` compose them. runtime/stages.py types what each stage hands to the next.
 
 This module never imports torch or transformers' modeling code.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 from pathlib import Path
@@ -39,30 +40,24 @@ from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestErr
 from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
-# parse_budget is also imported from here by the CLIs and the server
-from coverpruner.runtime.options import check_bool, check_max_new_tokens, check_seed, check_tau, parse_budget
+# METHODS and parse_budget are also imported from here by the CLIs
+from coverpruner.runtime.options import METHODS, GenerationOptions, check_method, check_tau, parse_budget  # noqa: F401
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
-from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
+from coverpruner.selection import get_selector  # numpy path; torch only for torch tensors
 from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
 from coverpruner.video import VideoInput
 
-#: Selection methods the runtime offers: the names coverpruner.selection registers.
-METHODS = tuple(SELECTORS)
 #: Methods that read the layer-0 demand; the probe graph runs only for these.
 _USES_RELEVANCE = {"coverpruner", "attention"}
-#: Where an image's demand comes from: its own user message ("turn") or the last user message ("latest").
-DEMANDS = ("turn", "latest")
 #: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
 #: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
 DEFAULT_PREFIX_CACHE_MB = 0
 
 
 def _selector(method: str):
-    if method not in METHODS:
-        raise OptionError(f"unknown method {method!r}; expected one of {list(METHODS)}")
-    return get_selector(method)
+    return get_selector(check_method(method))
 
 
 def _video_facts(facts: dict) -> dict | None:
@@ -147,12 +142,6 @@ class Pipeline:
                                 f"{dims[1]}, head_dim {dims[2]}) disagree with the decoder graph: "
                                 f"{str(exc).splitlines()[0]}") from None
 
-    @property
-    def num_visual_tokens(self) -> int:
-        """Upper bound on the candidates of one image (kept for callers written before n became per request;
-        equal to n for LLaVA-1.5). A request's own n is GenerationResult.num_visual_tokens."""
-        return self.max_visual_tokens
-
     # -- construction -----------------------------------------------------------------------
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
@@ -178,11 +167,13 @@ class Pipeline:
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         if provider not in PROVIDERS:
-            raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}")
+            raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}", param="provider")
         if not isinstance(prefix_cache_mb, (int, float)) or isinstance(prefix_cache_mb, bool) or prefix_cache_mb < 0:
-            raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}")
+            raise OptionError(f"prefix_cache_mb must be a number >= 0, got {prefix_cache_mb!r}",
+                              param="prefix_cache_mb")
         if selector not in SELECTOR_BACKENDS:
-            raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}")
+            raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}",
+                              param="selector")
         manifest = load_manifest(Path(path), verify=False)
         # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
         # while the sessions load and the first request runs; answers wait for it (see _verified)
@@ -273,9 +264,10 @@ class Pipeline:
         return self.sessions["selector"].run(["keep"], feeds)[0].astype(np.int64)
 
     # -- generation -------------------------------------------------------------------------
-    def chat(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn", tau: float | None = None,
-             max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-             ignore_eos: bool = False, max_images: int | None = None, **options) -> GenerationResult:
+    # Every public call takes its generation options by name: GenerationOptions' fields (budget, method, tau,
+    # demand, max_new_tokens, temperature, top_p, seed, ignore_eos, max_images) and the family's request options
+    # as keyword arguments, or a GenerationOptions as ``options=`` (keywords given beside it replace its fields).
+    def chat(self, messages, *, options: GenerationOptions | None = None, **kwargs) -> GenerationResult:
         """Answer a conversation: OpenAI-format ``messages`` (system / user / assistant; content a string or parts
         {"type": "text"}, {"type": "image_url", "image_url": {"url": data: URL or local path}}, {"type": "image",
         "image": path | PIL image | uint8 array}, and for families with video (Qwen2.5-VL) {"type": "video",
@@ -285,94 +277,82 @@ class Pipeline:
         (docs/qwen2_5_vl.md, "Video") come as keyword arguments. The result's ``images`` hold each image's or
         video's kind, kept_indices / relevance / num_visual_tokens (and a video's grid_thw, num_frames,
         second_per_grid_t); ``cached_tokens`` the prefix rows reused from earlier requests. max_images: the most
-        images and videos the request may hold (default: the manifest's defaults.max_images, else 8). Other
-        arguments as ``generate``."""
-        stream = self.chat_stream(messages, budget, method, demand, tau, max_new_tokens, temperature, top_p, seed,
-                                  ignore_eos, max_images, **options)
+        images and videos the request may hold (default: the manifest's defaults.max_images, else 8). Options:
+        runtime.options.GenerationOptions (by keyword or ``options=``)."""
+        stream = self.chat_stream(messages, options=options, **kwargs)
         for _ in stream:
             pass
         return stream.result
 
-    def chat_stream(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn",
-                    tau: float | None = None, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                    seed: int | None = None, ignore_eos: bool = False, max_images: int | None = None,
-                    **options) -> TextStream:
+    def chat_stream(self, messages, *, options: GenerationOptions | None = None, **kwargs) -> TextStream:
         """Like chat, but iterating yields text pieces as they decode; ``.result`` at the end."""
-        request = self.chat_request(messages, budget, method, demand, tau, max_new_tokens, temperature, top_p, seed,
-                                    ignore_eos, max_images, **options)
+        request = self.chat_request(messages, options=options, **kwargs)
         return TextStream(self._checked(self._generate(request)))
 
-    def chat_request(self, messages, budget=64, method: str = "coverpruner", demand: str = "turn",
-                     tau: float | None = None, max_new_tokens: int = 128, temperature: float = 0.0,
-                     top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
-                     max_images: int | None = None, **options) -> Request:
+    def chat_request(self, messages, *, options: GenerationOptions | None = None, **kwargs) -> Request:
         """chat's arguments -> a validated Request. OptionError / PromptError (one line) for a bad option or a
         malformed message (naming messages[i].content[j]); more than max_images images is a PromptError."""
-        if demand not in DEMANDS:
-            raise OptionError(f"demand must be one of {list(DEMANDS)}, got {demand!r}")
-        limit = self.manifest.defaults.get("max_images", DEFAULT_MAX_IMAGES) if max_images is None else max_images
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-            raise OptionError(f"max_images must be an integer >= 0, got {limit!r}")
-        base = self.request(None, None, budget, method, tau, max_new_tokens, temperature, top_p, seed, ignore_eos,
-                            **options)
+        opts = GenerationOptions.of(options, **kwargs)
+        limit = self.manifest.defaults.get("max_images", DEFAULT_MAX_IMAGES) if opts.max_images is None \
+            else opts.max_images
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:  # a manifest's own default
+            raise OptionError(f"max_images must be an integer >= 0, got {limit!r}", param="max_images")
+        self._check_options(opts)
         conversation = normalize(messages, limit)
         text = "".join(p["text"] for m in conversation.messages for p in m["content"] if p["type"] == "text")
         if not self.encoder.fits(text, self.max_positions):  # known from its length, before tokenizing
             raise PromptError(f"messages hold {len(text)} characters of text, more than fit the context of "
-                              f"{self.max_positions} tokens")
-        return dataclasses.replace(base, conversation=conversation, demand=demand)
+                              f"{self.max_positions} tokens", code="context_length_exceeded")
+        return self._request(conversation, opts)
 
-    def generate(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
-                 max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 seed: int | None = None, ignore_eos: bool = False, **options) -> GenerationResult:
-        """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). budget: int, "full" or None.
-
-        ignore_eos: keep decoding past EOS up to max_new_tokens (fixed-length runs for benchmarks).
-        options: the family's request options (``family_options()``, e.g. newline_policy="keep" for
-        LLaVA-NeXT); unset ones take the engine dir's defaults.
+    def generate(self, image, prompt: str, *, options: GenerationOptions | None = None,
+                 **kwargs) -> GenerationResult:
+        """Answer ``prompt`` about ``image`` (path, PIL image or uint8 array). Options: GenerationOptions by
+        keyword or ``options=`` (budget: int, "full" or None; ignore_eos: keep decoding past EOS up to
+        max_new_tokens, for fixed-length benchmark runs; the family's request options (``family_options()``,
+        e.g. newline_policy="keep" for LLaVA-NeXT) by their names, unset ones taking the engine dir's defaults).
         """
-        stream = self.stream(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
-                             ignore_eos, **options)
+        stream = self.stream(image, prompt, options=options, **kwargs)
         for _ in stream:
             pass
         return stream.result
 
-    def stream(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
-               max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               seed: int | None = None, ignore_eos: bool = False, **options) -> TextStream:
+    def stream(self, image, prompt: str, *, options: GenerationOptions | None = None, **kwargs) -> TextStream:
         """Like generate, but iterating yields text pieces as they decode; ``.result`` at the end.
 
         Options are validated here, before any work, so bad options fail at the call.
         """
-        request = self.request(image, prompt, budget, method, tau, max_new_tokens, temperature, top_p, seed,
-                               ignore_eos, **options)
+        request = self.request(image, prompt, options=options, **kwargs)
         return TextStream(self._checked(self._generate(request)))
 
-    def request(self, image, prompt: str, budget=64, method: str = "coverpruner", tau: float | None = None,
-                max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                seed: int | None = None, ignore_eos: bool = False, **options) -> Request:
+    def request(self, image, prompt: str, *, options: GenerationOptions | None = None, **kwargs) -> Request:
         """generate's arguments -> a validated Request (the input of the stages below): the conversation of one
-        user message [image, prompt] (chat_request passes image and prompt None and adds the conversation).
-        OptionError (one line) for a bad option or a prompt that cannot fit the context (known from its length,
-        before tokenizing); the image and the tokenized prompt are checked by native_sequence."""
-        budget_n = parse_budget(budget)
-        if budget_n is not None:
-            _selector(method)  # an unknown method fails here, not halfway through the request
-        tau = check_tau(self.manifest.defaults.get("tau", 0.3) if tau is None else tau)
-        max_new_tokens = check_max_new_tokens(max_new_tokens)
-        sampling = SamplingConfig(temperature, top_p, check_seed(seed))
-        stop_ids = frozenset() if check_bool("ignore_eos", ignore_eos) else frozenset(self.eos_ids)
-        options = self.resolve_options(options)
-        conversation = None
-        if prompt is not None:
-            if not isinstance(prompt, str):
-                raise PromptError(f"prompt must be a string, got {type(prompt).__name__}")
-            if not self.encoder.fits(prompt, self.max_positions):
-                raise PromptError(f"prompt is {len(prompt)} characters, more than fit the context of "
-                                  f"{self.max_positions} tokens")
-            conversation = normalize(one_turn(image, prompt))
-        return Request(image, prompt, budget_n, method, tau, max_new_tokens, sampling, stop_ids, options,
-                       conversation)
+        user message [image, prompt]. OptionError / PromptError (one line) for a bad option, an empty prompt or
+        a prompt that cannot fit the context (known from its length, before tokenizing); the image and the
+        tokenized prompt are checked by native_sequence."""
+        opts = GenerationOptions.of(options, **kwargs)
+        self._check_options(opts)
+        if not isinstance(prompt, str):
+            raise PromptError(f"prompt must be a string, got {type(prompt).__name__}", param="prompt")
+        if not prompt.strip():
+            raise PromptError("prompt is empty", param="prompt")
+        if not self.encoder.fits(prompt, self.max_positions):
+            raise PromptError(f"prompt is {len(prompt)} characters, more than fit the context of "
+                              f"{self.max_positions} tokens", code="context_length_exceeded", param="prompt")
+        return self._request(normalize(one_turn(image, prompt)), opts)
+
+    def _check_options(self, opts: GenerationOptions) -> None:
+        """What of the options the engine dir decides (the family's options), before any other work."""
+        self.resolve_options(opts.family)
+
+    def _request(self, conversation, opts: GenerationOptions) -> Request:
+        """The Request of a normalised conversation under checked options (the manifest's tau default, the
+        family's options resolved, EOS ids unless ignore_eos)."""
+        tau = check_tau(self.manifest.defaults.get("tau", 0.3)) if opts.tau is None else opts.tau
+        return Request(conversation, opts.budget, opts.method, tau, opts.max_new_tokens,
+                       SamplingConfig(opts.temperature, opts.top_p, opts.seed),
+                       frozenset() if opts.ignore_eos else frozenset(self.eos_ids),
+                       self.resolve_options(opts.family), opts.demand)
 
     def _verified(self) -> None:
         """Wait for the background file check (first request only); ManifestError if a file changed."""
@@ -400,7 +380,7 @@ class Pipeline:
         unknown = sorted(set(given) - set(self._options))
         if unknown:
             raise OptionError(f"unknown option(s) {unknown} for model family {self.manifest.family!r}; it takes "
-                              f"{sorted(self._options) or 'none'}")
+                              f"{sorted(self._options) or 'none'}", param=unknown[0])
         resolved = {}
         for name, opt in self._options.items():
             value = given.get(name)
@@ -409,7 +389,7 @@ class Pipeline:
             try:
                 resolved[name] = opt.validate(value)
             except ValueError as exc:
-                raise OptionError(str(exc).splitlines()[0]) from None
+                raise OptionError(str(exc).splitlines()[0], param=name) from None
         return resolved
 
     def _prepare(self, image, options: dict):
@@ -437,8 +417,6 @@ class Pipeline:
         -> native positions [R,L]. Timings: preprocess (images, chat template, tokenization), vision, embed.
         PromptError / ImageError (one line) on bad input."""
         t = time.perf_counter()
-        if request.prompt is not None and not request.prompt.strip():
-            raise PromptError("prompt is empty")
         conversation = request.conversation
         cache = self.prefix_cache
         visions = [self._prepare(image, request.options) for image in conversation.images]
@@ -460,7 +438,8 @@ class Pipeline:
         if L >= self.max_positions:
             rows = sum(len(span.rows) for span in spans)
             raise PromptError(f"prompt is {L} tokens including {rows} image tokens; the context allows "
-                              f"{self.max_positions - 1} before the first answer token")
+                              f"{self.max_positions - 1} before the first answer token",
+                              code="context_length_exceeded")
         positions = np.asarray(self.family_runtime.native_positions(layout, visions), dtype=np.int64)  # [R,L]
         times["preprocess"] += time.perf_counter() - t
 
@@ -675,8 +654,6 @@ class Pipeline:
                               vision.facts.get("kind", "image"), _video_facts(vision.facts))
                   for span, sel, vision in zip(native.spans, selection.images, native.visions)]
         return GenerationResult(
-            text=text, token_ids=tokens, kept_indices=selection.keep, relevance=selection.relevance,
-            timings=times, num_visual_tokens=native.num_candidates, prompt_tokens=native.length,
-            prefill_tokens=prefill_tokens, budget=request.budget, method=request.method, finish_reason=finish,
-            panels=native.vision.panels if native.visions else (), options=request.options, images=images,
-            cached_tokens=cached, demand=request.demand)
+            text=text, token_ids=tokens, timings=times, prompt_tokens=native.length, prefill_tokens=prefill_tokens,
+            budget=request.budget, method=request.method, finish_reason=finish, options=request.options,
+            images=images, cached_tokens=cached, demand=request.demand)

@@ -54,37 +54,53 @@ class GenerationResult:
     """One answer.
 
     token_ids: generated ids (the EOS id included when generation stopped on it).
-    kept_indices: int64 [m] candidate indices kept, ascending (all n for budget "full").
-    relevance: float32 [n] layer-0 demand from the probe, or None when no method needed it.
-    timings: seconds per stage, keys TIMING_KEYS.
-    num_visual_tokens: n, the candidates of this image (per request for families with dynamic resolution).
-    panels: the family's geometry of the candidates over the original image (runtime.visualize draws it).
+    timings: seconds per stage, keys TIMING_KEYS (``timings_ms``: the same in milliseconds, computed).
+    images: per image or video of the request, in order, its ImageResult (n candidates, kept_indices,
+    relevance, panels, ...): the one record of the selection. ``kept_indices`` / ``relevance`` /
+    ``num_visual_tokens`` / ``panels`` are image 0's, read from it (empty / None / 0 / () without images).
     options: the family's request options as they were applied (e.g. {"newline_policy": "drop"}).
-    images: per image of the request, in order, its ImageResult (kept_indices, relevance, num_visual_tokens and
-    panels above are image 0's; empty / None / 0 for a text-only request). cached_tokens: pruned-prefix rows
-    restored from the prefix cache. demand: "turn" or "latest".
+    cached_tokens: pruned-prefix rows restored from the prefix cache. demand: "turn" or "latest".
     """
 
     text: str
     token_ids: list[int]
-    kept_indices: np.ndarray
-    relevance: np.ndarray | None
     timings: dict
-    num_visual_tokens: int
     prompt_tokens: int  # native sequence length L (all visual tokens)
     prefill_tokens: int  # sequence length the decoder saw after pruning
     budget: int | None
     method: str
     finish_reason: str  # "eos", "length" (max_new_tokens) or "context" (context window full)
-    panels: tuple = ()
     options: dict = field(default_factory=dict)
     images: list = field(default_factory=list)
     cached_tokens: int = 0
     demand: str = "turn"
-    timings_ms: dict = field(init=False, repr=False)
 
-    def __post_init__(self):
-        self.timings_ms = {k: v * 1e3 for k, v in self.timings.items()}
+    # The one-image view (a generate request's image; image 0 of a conversation): read from ``images``, never
+    # stored beside it. coverpruner-run --json and the server's "coverpruner" object report it at the top level.
+    @property
+    def kept_indices(self) -> np.ndarray:
+        """int64 [m]: image 0's candidate indices kept, ascending (all n for budget "full"); empty without images."""
+        return self.images[0].kept_indices if self.images else np.zeros(0, np.int64)
+
+    @property
+    def relevance(self) -> np.ndarray | None:
+        """float32 [n]: image 0's layer-0 demand, or None when no method needed it (or without images)."""
+        return self.images[0].relevance if self.images else None
+
+    @property
+    def num_visual_tokens(self) -> int:
+        """n, image 0's candidates (per request for families with dynamic resolution); 0 without images."""
+        return self.images[0].num_visual_tokens if self.images else 0
+
+    @property
+    def panels(self) -> tuple:
+        """Image 0's geometry of its candidates over the original image (runtime.visualize draws it)."""
+        return self.images[0].panels if self.images else ()
+
+    @property
+    def timings_ms(self) -> dict:
+        """``timings`` in milliseconds (computed from it: one record of each time)."""
+        return {k: v * 1e3 for k, v in self.timings.items()}
 
     @property
     def decode_tokens_per_s(self) -> float:

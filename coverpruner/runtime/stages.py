@@ -14,24 +14,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.families.contract import ConversationLayout, ImageSpan, VisionInputs
+from coverpruner.families.contract import ConversationLayout
 from coverpruner.runtime.sampling import SamplingConfig
 
 
 @dataclass(frozen=True)
 class Request:
-    """One validated request (Pipeline.request builds it; options are checked before any work).
+    """One validated request (Pipeline.request / chat_request build it; options are checked before any work).
 
-    image: path, PIL image or uint8 array [H,W,3]; prompt: the question (generate's arguments; None for a chat).
-    conversation: the normalised messages and their images (runtime.messages.Conversation): every request is one.
+    conversation: the normalised messages and their images (runtime.messages.Conversation): the one record of
+    what was asked (generate's image + prompt are the conversation of one user message).
     budget: kept visual tokens per image, None = "full" (no pruning). demand: "turn" (an image's demand comes from
     its own message) or "latest" (from the last user message).
     method: a coverpruner.selection name. tau: coverage threshold. stop_ids: token ids that end the answer
     (empty with ignore_eos). options: the family's request options, resolved (e.g. {"newline_policy": "drop"}).
     """
 
-    image: object
-    prompt: str
+    conversation: object
     budget: int | None = 64
     method: str = "coverpruner"
     tau: float = 0.3
@@ -39,7 +38,6 @@ class Request:
     sampling: SamplingConfig = SamplingConfig()
     stop_ids: frozenset = frozenset()
     options: dict = field(default_factory=dict)
-    conversation: object = None
     demand: str = "turn"
 
     @property
@@ -57,8 +55,8 @@ class NativeSequence:
     [L], image_spans int64 [S_j] per image, instruction tokens per image and of the last user message).
     embeds: float [L,d] (graph float dtype): text embeddings with each image's rows at its span.
     positions: int64 [R,L], the family's native positions. image_hashes: per image, the digest of its vision
-    feeds (runtime.prefix_cache.feeds_hash). ``vision``, ``span``, ``num_candidates`` and
-    ``candidate_positions`` are image 0's (the one image of a generate request).
+    feeds (runtime.prefix_cache.feeds_hash). Everything per image is a list in image order (a generate request's
+    one image is index 0).
     """
 
     visions: list
@@ -70,22 +68,9 @@ class NativeSequence:
     image_hashes: list = field(default_factory=list)
 
     @property
-    def vision(self) -> VisionInputs:
-        return self.visions[0]
-
-    @property
-    def span(self) -> ImageSpan:
-        return self.spans[0]
-
-    @property
     def length(self) -> int:
         """L, the native sequence length (all image rows included)."""
         return len(self.layout.input_ids)
-
-    @property
-    def num_candidates(self) -> int:
-        """n, image 0's selectable rows (0 without images)."""
-        return len(self.spans[0].candidates) if self.spans else 0
 
     @property
     def is_text(self) -> np.ndarray:
@@ -94,13 +79,8 @@ class NativeSequence:
         mask[self.layout.visual_positions] = False
         return mask
 
-    @property
-    def candidate_positions(self) -> np.ndarray:
-        """int64 [n]: image 0's candidates' sequence indices (the probe's visual columns)."""
-        return self.candidates_of(0)
-
     def candidates_of(self, j: int) -> np.ndarray:
-        """int64 [n_j]: image j's candidates' sequence indices."""
+        """int64 [n_j]: image j's candidates' sequence indices (the probe's visual columns)."""
         return self.layout.image_spans[j][self.spans[j].candidates]
 
 
@@ -121,22 +101,10 @@ class ImageSelection:
 
 @dataclass
 class Selection:
-    """Per image (in order) its ImageSelection; ``keep`` / ``relevance`` / ``kept_rows`` are image 0's."""
+    """Per image (in order) its ImageSelection."""
 
     images: list
     timings: dict = field(default_factory=dict)
-
-    @property
-    def keep(self) -> np.ndarray:
-        return self.images[0].keep if self.images else np.zeros(0, np.int64)
-
-    @property
-    def relevance(self) -> np.ndarray | None:
-        return self.images[0].relevance if self.images else None
-
-    @property
-    def kept_rows(self) -> np.ndarray:
-        return self.images[0].kept_rows if self.images else np.zeros(0, np.int64)
 
 
 @dataclass

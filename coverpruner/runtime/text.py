@@ -1,4 +1,4 @@
-"""Prompt -> token ids, and generated ids -> text.
+"""Conversation -> token ids (the family's ConversationLayout), and generated ids -> text.
 
 Rendering the manifest's chat template (jinja2), expanding the image placeholder and locating the
 instruction tokens are the model family's layout rules (``coverpruner.families``, torch-free);
@@ -6,7 +6,7 @@ this module loads tokenizer.json with ``tokenizers``, applies those rules, turns
 one-line PromptError/ManifestError, and detokenizes incrementally for streaming.
 
 Instruction positions (design note): the tokens whose non-empty character span (tokenizer
-offsets) overlaps the span of the user's prompt text inside the rendered chat template.
+offsets) overlaps the span of a message's text parts inside the rendered chat template.
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from coverpruner.families.contract import NativeLayout
 from coverpruner.runtime.errors import ManifestError, PromptError
-
-
-#: The native (unpruned) token sequence of one request: the family contract's NativeLayout
-#: (input_ids int64 [L], visual_positions int64 [S], instruction_positions int64 [T], text).
-EncodedPrompt = NativeLayout
 
 
 class PromptEncoder:
@@ -55,18 +49,6 @@ class PromptEncoder:
         '▁' spelling is never shorter than the text it covers; x4 leaves room for normalizers that shorten text,
         e.g. NFKC's ligatures). Tokenizing megabytes took seconds with the GIL held."""
         return len(prompt) <= 4 * self.max_token_bytes * max_tokens
-
-    def encode(self, prompt: str, num_image_rows: int) -> EncodedPrompt:
-        """Lay out one user turn [image, ``prompt``] with the image placeholder expanded to ``num_image_rows``
-        (S, known once the image is seen) and locate the visual / instruction tokens."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise PromptError("prompt is empty")
-        try:
-            return self.family.layout(self.tokenizer, prompt, int(num_image_rows))
-        except ValueError as exc:  # the family's layout rules reject the prompt
-            raise PromptError(str(exc).splitlines()[0]) from None
-        except Exception as exc:  # jinja2 errors from a broken template in the manifest
-            raise ManifestError(f"manifest chat_template failed to render: {exc}") from None
 
     def encode_conversation(self, messages: list[dict], rows_per_image: list[int]):
         """Lay out normalised messages (runtime.messages) with the j-th image placeholder expanded to

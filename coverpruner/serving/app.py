@@ -26,12 +26,13 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.runtime import Pipeline
-from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError
-from coverpruner.serving.errors import APIError, bad_request
+from coverpruner.runtime.errors import CoverPrunerError, OptionError
+from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
 from coverpruner.serving.memory import release_freed_memory
 from coverpruner.serving.metrics import ServerMetrics
-from coverpruner.serving.request import GenerationRequest, build_request, option_param, pipeline_options
+from coverpruner.serving.request import GenerationRequest, build_request, pipeline_options
+from coverpruner.serving.schema import BODY_NAMES
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving.stop import StopMatcher
@@ -393,18 +394,13 @@ def _model_card(state: ServerState) -> dict:
 
 
 def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
-    """A pipeline exception -> APIError naming the field (4xx for bad input, 500 otherwise)."""
-    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if isinstance(exc, OptionError):
-        return bad_request(msg, option_param(msg, gen.options))
-    if isinstance(exc, PromptError):
-        code = ("context_length_exceeded" if "context" in msg else "too_many_images" if "max_images" in msg
-                else "invalid_prompt")
-        return bad_request(msg, "messages", code)
-    if isinstance(exc, ImageError):
-        return bad_request(msg, gen.image_param, "invalid_image")
+    """A pipeline exception -> APIError: its code and param as raised (serving.errors.ERROR_STATUS gives the status
+    and type), 500 internal_error for anything that is not a CoverPrunerError."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, CoverPrunerError):
+        return from_pipeline_error(exc, BODY_NAMES)
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return APIError(500, f"internal error: {type(exc).__name__}: {msg}", None, "internal_error")
 
 

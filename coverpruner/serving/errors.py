@@ -2,10 +2,28 @@
 
 Every bad request becomes one ``APIError`` with an HTTP status (4xx for the client's mistakes, 503 when
 the queue is full), a one-line message and the request field it is about (``param``), so clients and
-evaluation harnesses see what to fix while the server keeps serving.
+evaluation harnesses see what to fix while the server keeps serving. A pipeline error
+(coverpruner.errors.CoverPrunerError) carries its code and param from where it was raised; ``ERROR_STATUS``
+is the one table that gives each code its HTTP status and OpenAI error type (``from_pipeline_error``).
 """
 
 from __future__ import annotations
+
+from coverpruner.errors import CoverPrunerError
+
+#: CoverPrunerError code -> (HTTP status, OpenAI error type, the param reported when the error names none). Every
+#: code in coverpruner.errors.CODES is here (tests/serving/test_error_codes.py raises each through the server).
+ERROR_STATUS = {
+    "invalid_request": (400, "invalid_request_error", None),
+    "invalid_image": (400, "invalid_request_error", "messages"),
+    "invalid_video": (400, "invalid_request_error", "messages"),
+    "invalid_prompt": (400, "invalid_request_error", "messages"),
+    "context_length_exceeded": (400, "invalid_request_error", "messages"),
+    "too_many_images": (400, "invalid_request_error", "messages"),
+    "invalid_value": (400, "invalid_request_error", None),
+    # the engine dir changed on disk or cannot run: the server's fault, not the request's
+    "invalid_engine_dir": (500, "server_error", None),
+}
 
 
 class APIError(Exception):
@@ -37,3 +55,13 @@ def _default_type(status: int) -> str:
 def bad_request(message: str, param: str | None = None, code: str = "invalid_value") -> APIError:
     """400 invalid_request_error naming ``param``."""
     return APIError(400, message, param, code)
+
+
+def from_pipeline_error(exc: CoverPrunerError, field_names: dict | None = None) -> APIError:
+    """A pipeline error -> APIError with the status, type and default param ERROR_STATUS gives its code. The
+    error's own param (a GenerationOptions field or a message path) is reported in the API's terms: renamed by
+    ``field_names`` (e.g. {"max_new_tokens": "max_tokens"}) where the body calls it otherwise."""
+    msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    status, kind, default = ERROR_STATUS.get(exc.code, (500, "server_error", None))
+    param = exc.param if exc.param is not None else default
+    return APIError(status, msg, (field_names or {}).get(param, param), exc.code, kind)

@@ -6,60 +6,49 @@ files and remote URLs, each refusal naming its field) and handed on as {"type": 
 parts; video_url parts (only when the engine takes video: its family offers the max_video_frames option) are read to the encoded file's bytes
 and handed on as {"type": "video", "video": bytes, "fps"?, "max_frames"?}; the frames are decoded by the pipeline.
 Everything else about the messages is checked by Pipeline.chat_request (runtime/messages.py). Pruning and
-family options come as extra body fields; which ones exist is read from ``Pipeline.stream``'s
-signature, so options that later families add (``newline_policy``, ``image_size``, ...) pass through
-without changes here, and any other extra field is refused by name.
+family options come as extra body fields: the GenerationOptions fields serving.schema.EXTRA_FIELDS declares,
+and the loaded family's request options (``Pipeline.family_options()``), so options that later families add
+(``newline_policy``, ``image_size``, ...) pass through without changes here; any other extra field is refused by
+name.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
-from coverpruner.runtime import METHODS, Pipeline
 from coverpruner.runtime.errors import OptionError
-from coverpruner.runtime.pipeline import parse_budget
+from coverpruner.runtime.options import METHODS, parse_budget
 from coverpruner.serving.errors import bad_request
 from coverpruner.serving.images import load_image_url
-from coverpruner.serving.schema import ChatCompletionRequest
+from coverpruner.serving.schema import ChatCompletionRequest, extra_fields
 from coverpruner.serving.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, load_video_url, sampling_fields
 
-#: Pipeline.stream arguments the OpenAI fields fill (not accepted as extra body fields).
-_MAPPED = {"self", "image", "prompt", "messages", "max_new_tokens", "temperature", "top_p", "seed", "max_images"}
 #: OpenAI roles the pipeline takes ("developer" is OpenAI's newer name for a system message)
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 DEFAULT_MAX_TOKENS = 128
 
 
 def pipeline_options(pipeline=None) -> dict:
-    """Extra body fields the server accepts -> their defaults: keyword arguments of both Pipeline.generate and
-    .stream that no OpenAI field maps to, plus the loaded family's request options when the pipeline lists
-    them (``Pipeline.family_options()``, taken through ``**options``)."""
-    params = [inspect.signature(f).parameters for f in (Pipeline.generate, Pipeline.stream)]
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    options = {name: p.default for name, p in params[1].items()
-               if name not in _MAPPED and p.kind in kinds and name in params[0]}
-    chat = getattr(Pipeline, "chat_stream", None)
-    if chat is not None:  # conversation options (demand)
-        options.update({name: p.default for name, p in inspect.signature(chat).parameters.items()
-                        if name not in _MAPPED and p.kind in kinds})
-    family_options = getattr(pipeline, "family_options", None)
-    if callable(family_options):
-        options.update(family_options())
+    """Extra body fields the server accepts -> their defaults: the GenerationOptions fields serving.schema declares
+    (EXTRA_FIELDS), plus the loaded family's request options when a pipeline is given
+    (``Pipeline.family_options()``)."""
+    options = extra_fields()
+    if pipeline is not None:
+        options.update(pipeline.family_options())
     return options
 
 
 @dataclass
 class GenerationRequest:
-    """One request ready for a worker: messages (images decoded to PIL), Pipeline.chat_stream keyword options."""
+    """One request ready for a worker: messages (images decoded to PIL) and the options by name (GenerationOptions
+    fields and family options: Pipeline.chat_stream's keyword arguments)."""
 
     messages: list
     options: dict
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
-    image_param: str = "messages"  # field path for errors about an image
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
@@ -227,12 +216,3 @@ def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
         if opts["method"] not in METHODS:
             raise bad_request(f"unknown method {opts['method']!r}; expected one of {list(METHODS)}", "method")
     return opts
-
-
-def option_param(message: str, options: dict) -> str | None:
-    """The body field an OptionError message is about (the first option name it mentions)."""
-    names = {"max_new_tokens": "max_tokens"}
-    for name in sorted(options, key=len, reverse=True):
-        if name in message:
-            return names.get(name, name)
-    return None

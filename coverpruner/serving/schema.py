@@ -1,8 +1,12 @@
 """Pydantic models of the OpenAI chat-completions request and response that the server speaks.
 
-Only what a one-image, one-question VLM can honour is modelled; the request keeps unknown fields
-(``extra="allow"``) so that the server can pass the pipeline's own options (``budget``, ``method``,
-``tau`` and whatever later families add) through, and refuse the rest by name.
+Only what the pipeline can honour is modelled; the request keeps unknown fields (``extra="allow"``) so that
+the server can pass CoverPruner's own options through and refuse the rest by name. Which ones are options is
+declared here, from runtime.options.GenerationOptions' fields, explicitly (never read from a Python signature:
+a new keyword of a Pipeline method does not become an API field): every field is filled by an OpenAI field
+(OPENAI_FIELDS), taken as an extra body field (EXTRA_FIELDS) or set by the server (SERVER_FIELDS); the family's
+request options (GenerationOptions.family) are extra body fields under their own names, listed by the loaded
+pipeline (Pipeline.family_options).
 """
 
 from __future__ import annotations
@@ -11,7 +15,25 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED
+import dataclasses
+
+from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, GenerationOptions
+
+#: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
+OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+#: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
+EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
+#: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
+#: extra fields under their own names)
+SERVER_FIELDS = ("max_images", "family")
+#: a pipeline error's param (a GenerationOptions field) -> the body field it is, where their names differ
+BODY_NAMES = {k: v for k, v in OPENAI_FIELDS.items() if k != v}
+
+
+def extra_fields() -> dict:
+    """The extra body fields that are GenerationOptions fields -> their defaults."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
+    return {name: defaults[name] for name in EXTRA_FIELDS}
 
 # strict: JSON types as OpenAI documents them, no coercion ("16" or true is not an int, "yes" not a bool);
 # allow_inf_nan=False: Python's json module reads Infinity / NaN, which no OpenAI field means

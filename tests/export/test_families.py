@@ -14,18 +14,18 @@ from coverpruner.families.hf import (
     OffsetIndex,
     instruction_positions_from_offsets,
     render_chat_template,
-    render_image_prompt,
-    tokenize_layout,
+    render_conversation,
+    tokenize_conversation,
 )
-from coverpruner.families.contract import Family, FamilyRuntime, NativeLayout
+from coverpruner.families.contract import ConversationLayout, Family, FamilyRuntime
 from tests.families.llava.fixtures import PROMPT, family_runtime
 
 
 def test_family_modules_import_without_torch():
-    code = ("import sys; import coverpruner.families as f; from coverpruner.families.hf import render_image_prompt; "
+    code = ("import sys; import coverpruner.families as f; from coverpruner.families.hf import render_conversation; "
             "[f.get_family(n) for n in f.family_names()]; f.request_options(); "
-            "render_image_prompt('USER: <image>\\n{{ messages[0][\"content\"][1][\"text\"] }} ASSISTANT:', 'hi', "
-            "'<image>', 3); "
+            "render_conversation('USER: <image>\\n{{ messages[0][\"content\"][1][\"text\"] }} ASSISTANT:', "
+            "[{'role': 'user', 'content': [{'type': 'image'}, {'type': 'text', 'text': 'hi'}]}], '<image>', [3]); "
             "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
@@ -104,11 +104,14 @@ def test_layout_errors_are_clear(tiny_checkpoint):
     fam = get_family("llava")
     tpl = fam.chat_template(tiny_checkpoint)
     tok = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    def turn(prompt):
+        return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+
     with pytest.raises(ValueError, match="must not contain the image token"):
-        family_runtime(tiny_checkpoint).layout(tok, "look at <image>", 144)
-    rendered = render_image_prompt(tpl, "hello", "<image>", 10)
+        family_runtime(tiny_checkpoint).conversation_layout(tok, turn("look at <image>"), [144])
+    rendered = render_conversation(tpl, turn("hello"), "<image>", [10])
     with pytest.raises(ValueError, match="has 10 image tokens .* expected 144"):
-        tokenize_layout(tok, rendered, tok.token_to_id("<image>"), 144)
+        tokenize_conversation(tok, rendered, turn("hello"), tok.token_to_id("<image>"), [144])
     with pytest.raises(FileNotFoundError, match="no chat template found"):
         fam.chat_template(tiny_checkpoint / "missing")
 
@@ -124,7 +127,7 @@ def test_processor_settings_match_hf_image_processor(hf_processor, tiny_checkpoi
 def test_compact_positions(tiny_checkpoint):
     """LLaVA: native 0..L-1, a pruned sequence re-packed 0..L'-1, the t-th generated token at L' + t."""
     rt = family_runtime(tiny_checkpoint)
-    layout = NativeLayout(np.arange(10, 19), np.arange(2, 6), np.array([7]))
+    layout = ConversationLayout(np.arange(10, 19), (np.arange(2, 6),), np.array([0]), (np.array([7]),), np.array([7]))
     native = rt.native_positions(layout, None)
     np.testing.assert_array_equal(native, [np.arange(9)])
     pruned = rt.pruned_positions(native, np.array([0, 1, 3, 6, 7, 8]))

@@ -14,7 +14,7 @@ import pytest
 
 from coverpruner.engine_dir import graph_spec
 from coverpruner.engines.ort import OrtSessionFactory
-from coverpruner.runtime import METHODS, OptionError, PromptError, Request
+from coverpruner.runtime import METHODS, GenerationOptions, OptionError, PromptError, Request
 from coverpruner.runtime.result import TIMING_KEYS
 from coverpruner.runtime.sampling import Sampler
 from tests.literal_selection import assert_same_or_not_worse, divprune_reference
@@ -42,17 +42,34 @@ def test_request_holds_validated_options(pipe, demo_image):
             pipe.request(demo_image, Q, **kw)
 
 
+def test_options_object_equals_keywords(pipe, demo_image):
+    """Issue 25: options pass by name; a GenerationOptions (options=) is the same request as its keywords, and a
+    keyword beside it replaces that field. Request holds no image / prompt beside its conversation."""
+    opts = GenerationOptions(budget=16, tau=0.5, max_new_tokens=3, seed=4, ignore_eos=True)
+    a = pipe.request(demo_image, Q, options=opts)
+    b = pipe.request(demo_image, Q, budget=16, tau=0.5, max_new_tokens=3, seed=4, ignore_eos=True)
+    fields = ("budget", "method", "tau", "max_new_tokens", "sampling", "stop_ids", "options", "demand")
+    assert [getattr(a, f) for f in fields] == [getattr(b, f) for f in fields]
+    assert a.conversation.messages == b.conversation.messages == [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": Q}]}]
+    assert a.conversation.images == [demo_image] and not hasattr(a, "prompt") and not hasattr(a, "image")
+    c = pipe.request(demo_image, Q, options=opts, budget=8)
+    assert (c.budget, c.tau, c.max_new_tokens) == (8, 0.5, 3)
+    with pytest.raises(TypeError):
+        pipe.request(demo_image, Q, 16)  # options are keywords, never positions
+
+
 def test_native_sequence_is_the_full_sequence(pipe, native):
     ids, vis = native.layout.input_ids, native.layout.visual_positions
     image_id = pipe.manifest.token_ids["image_token_id"]
     n = pipe.manifest.max_visual_tokens  # LLaVA-1.5: a fixed n, every row a candidate
-    assert native.num_candidates == n and len(native.span.rows) == n and len(vis) == n
+    assert len(native.spans[0].candidates) == n and len(native.spans[0].rows) == n and len(vis) == n
     assert native.length == len(ids) == native.embeds.shape[0] == native.positions.shape[1]
     np.testing.assert_array_equal(vis, np.flatnonzero(ids == image_id))
-    np.testing.assert_array_equal(native.candidate_positions, vis)
+    np.testing.assert_array_equal(native.candidates_of(0), vis)
     np.testing.assert_array_equal(native.positions, np.arange(native.length)[None])  # LLaVA: [1, L], 0..L-1
     assert native.embeds.dtype == pipe.float_dtype and native.embeds.shape[1] == pipe.manifest.dims["hidden_size"]
-    np.testing.assert_array_equal(native.embeds[vis], native.span.rows)
+    np.testing.assert_array_equal(native.embeds[vis], native.spans[0].rows)
     text = np.flatnonzero(ids != image_id)
     np.testing.assert_array_equal(native.embeds[text], pipe.embed(ids[text]))
     np.testing.assert_array_equal(native.is_text, ids != image_id)
@@ -70,27 +87,28 @@ def test_native_sequence_rejects_an_empty_prompt(pipe, demo_image):
 @pytest.mark.parametrize("budget", [1, 16, 143, 500])
 def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, budget):
     sel = pipe.select(pipe.request(demo_image, Q, budget=budget, method=method, seed=7), native)
-    n = native.num_candidates
-    assert sel.keep.dtype == np.int64 and len(sel.keep) == min(budget, n)
-    assert np.all(np.diff(sel.keep) > 0) and sel.keep[0] >= 0 and sel.keep[-1] < n
-    np.testing.assert_array_equal(sel.kept_rows, native.span.candidates[sel.keep])  # LLaVA: nothing always kept
+    img, span = sel.images[0], native.spans[0]  # the one image
+    n = len(span.candidates)
+    assert img.keep.dtype == np.int64 and len(img.keep) == min(budget, n)
+    assert np.all(np.diff(img.keep) > 0) and img.keep[0] >= 0 and img.keep[-1] < n
+    np.testing.assert_array_equal(img.kept_rows, span.candidates[img.keep])  # LLaVA: nothing always kept
     if method in ("coverpruner", "attention"):
-        assert sel.relevance.shape == (n,) and sel.relevance.dtype == np.float32
+        assert img.relevance.shape == (n,) and img.relevance.dtype == np.float32
         assert set(sel.timings) == {"probe", "select"}
     else:
-        assert sel.relevance is None and set(sel.timings) == {"select"}
-    feats = native.span.features.astype(np.float32)
+        assert img.relevance is None and set(sel.timings) == {"select"}
+    feats = span.features.astype(np.float32)
     if method == "coverpruner":
-        assert_same_or_not_worse(sel.keep, feats, sel.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
+        assert_same_or_not_worse(img.keep, feats, img.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
     elif method == "divprune":
-        np.testing.assert_array_equal(sel.keep, divprune_reference(feats, budget))
+        np.testing.assert_array_equal(img.keep, divprune_reference(feats, budget))
 
 
 def test_select_full_budget_keeps_every_row(pipe, native, demo_image):
     sel = pipe.select(pipe.request(demo_image, Q, budget="full"), native)
-    np.testing.assert_array_equal(sel.keep, np.arange(native.num_candidates))
-    np.testing.assert_array_equal(sel.kept_rows, np.arange(len(native.span.rows)))
-    assert sel.relevance is None and sel.timings == {}
+    np.testing.assert_array_equal(sel.images[0].keep, np.arange(len(native.spans[0].candidates)))
+    np.testing.assert_array_equal(sel.images[0].kept_rows, np.arange(len(native.spans[0].rows)))
+    assert sel.images[0].relevance is None and sel.timings == {}
 
 
 def _plain_decoder(pipe):
@@ -105,7 +123,7 @@ def test_prefill_runs_the_pruned_sequence(pipe, native, demo_image):
     pre = pipe.prefill(req, native, sel)
     ids = native.layout.input_ids
     text = np.flatnonzero(ids != pipe.manifest.token_ids["image_token_id"])
-    want_rows = np.sort(np.concatenate([text, native.layout.visual_positions[sel.keep]]))
+    want_rows = np.sort(np.concatenate([text, native.layout.visual_positions[sel.images[0].keep]]))
     np.testing.assert_array_equal(pre.rows, want_rows)
     L1 = len(want_rows)
     assert pre.length == L1 == len(text) + 16 and pipe.decoder.length == L1
@@ -161,11 +179,11 @@ def test_stages_composed_equal_generate(pipe, demo_image, kw):
     native, sel, pre, tokens = _composed(pipe, pipe.request(demo_image, Q, **kw))
     got = pipe.generate(demo_image, Q, **kw)
     assert got.token_ids == tokens
-    np.testing.assert_array_equal(got.kept_indices, sel.keep)
-    assert (got.relevance is None) == (sel.relevance is None)
-    if sel.relevance is not None:
-        np.testing.assert_array_equal(got.relevance, sel.relevance)
+    np.testing.assert_array_equal(got.kept_indices, sel.images[0].keep)
+    assert (got.relevance is None) == (sel.images[0].relevance is None)
+    if sel.images[0].relevance is not None:
+        np.testing.assert_array_equal(got.relevance, sel.images[0].relevance)
     assert got.prompt_tokens == native.length and got.prefill_tokens == pre.length
-    assert got.num_visual_tokens == native.num_candidates
+    assert got.num_visual_tokens == len(native.spans[0].candidates)
     assert tuple(got.timings) == TIMING_KEYS
 

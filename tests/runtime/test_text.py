@@ -36,14 +36,16 @@ def _encoder(root, proc, n):
 
 
 class _Encoder:
-    """encode(prompt) with the image span fixed at n rows (LLaVA-1.5: n is the checkpoint's)."""
+    """encode(prompt) -> ConversationLayout with the image span fixed at n rows (LLaVA-1.5: n is the checkpoint's)."""
 
     def __init__(self, inner, n):
         self.inner, self.n = inner, n
         self.tokenizer, self.decode = inner.tokenizer, inner.decode
 
     def encode(self, prompt):
-        return self.inner.encode(prompt, self.n)
+        """One user turn [image, prompt] through the live path (PromptEncoder.encode_conversation)."""
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+        return self.inner.encode_conversation(messages, [self.n])
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -78,10 +80,10 @@ def test_instruction_positions_cover_exactly_the_prompt(hf_processor):
 
 
 def test_prompt_errors(hf_processor):
+    """An empty prompt is refused by Pipeline.request before any layout (tests/runtime/test_stages.py,
+    test_native_sequence_rejects_an_empty_prompt); the layout refuses the image token in the text."""
     proc, root = hf_processor
     enc = _encoder(root, proc, 16)
-    with pytest.raises(PromptError, match="empty"):
-        enc.encode("   ")
     with pytest.raises(PromptError, match="must not contain the image token"):
         enc.encode("look at <image> please")
 

@@ -1,26 +1,32 @@
-"""Request translation: which extra body fields reach Pipeline.stream is read from its signature, so an
-option a later family adds to generate/stream passes through, and anything else is refused by name."""
+"""Request translation: the extra body fields are declared from GenerationOptions' fields (serving.schema), never
+read from a Python signature: a new Pipeline keyword does not become an API field; the family's request options
+(listed by the loaded pipeline) pass through; anything else is refused by name."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from coverpruner.runtime import Pipeline
+from coverpruner.runtime.options import GenerationOptions
 from coverpruner.serving import request as request_mod
+from coverpruner.serving import schema
 from coverpruner.serving.errors import APIError
 from coverpruner.serving.schema import ChatCompletionRequest
 from tests.serving.conftest import data_url, user_message
 
+OPTION_FIELDS = {"budget", "method", "tau", "demand", "ignore_eos"}
 
-class _FuturePipeline:
-    """Stands in for a Pipeline whose family added a per-request option (e.g. LLaVA-NeXT's newline_policy)."""
 
-    def generate(self, image, prompt, budget=64, method="coverpruner", tau=None, max_new_tokens=128,
-                 temperature=0.0, top_p=1.0, seed=None, newline_policy="keep"):
-        raise NotImplementedError
+class _FamilyPipeline:
+    """Stands in for a loaded Pipeline whose family has a per-request option (e.g. LLaVA-NeXT's newline_policy)."""
 
-    def stream(self, image, prompt, budget=64, method="coverpruner", tau=None, max_new_tokens=128,
-               temperature=0.0, top_p=1.0, seed=None, newline_policy="keep"):
-        raise NotImplementedError
+    def __init__(self, **options):
+        self.options = options
+
+    def family_options(self):
+        return dict(self.options)
 
 
 def _req(demo_png, **extra):
@@ -28,32 +34,36 @@ def _req(demo_png, **extra):
                                                  "max_tokens": 5, **extra})
 
 
-def test_options_follow_the_pipeline_signature(monkeypatch, demo_png):
-    monkeypatch.setattr(request_mod, "Pipeline", _FuturePipeline)
-    assert set(request_mod.pipeline_options()) == {"budget", "method", "tau", "newline_policy"}
-    gen = request_mod.build_request(_req(demo_png, newline_policy="drop", budget=32), {}, False, False)
-    assert gen.options == {"newline_policy": "drop", "budget": 32, "method": "coverpruner", "max_new_tokens": 5}
-    with pytest.raises(APIError) as info:
-        request_mod.build_request(_req(demo_png, ignore_eos=True), {}, False, False)  # not in this signature
-    assert info.value.status == 400 and info.value.param == "ignore_eos"
-
-
-class _KwargsPipeline:
-    """Stands in for a Pipeline that takes family options through **options and lists them."""
-
-    def generate(self, image, prompt, budget=64, method="coverpruner", max_new_tokens=128, **options):
+def test_a_new_pipeline_keyword_is_no_api_field(monkeypatch, demo_png):
+    """Issue 25: the schema is declared, not read from Pipeline's signatures with inspect."""
+    def stream(self, image, prompt, *, options=None, secret_knob=1, **kwargs):
         raise NotImplementedError
 
-    stream = generate
+    for name in ("generate", "stream", "chat", "chat_stream", "chat_request", "request"):
+        monkeypatch.setattr(Pipeline, name, stream)
+    assert set(request_mod.pipeline_options()) == OPTION_FIELDS
+    allowed = request_mod.pipeline_options(_FamilyPipeline(newline_policy="keep"))
+    assert set(allowed) == OPTION_FIELDS | {"newline_policy"}
+    gen = request_mod.build_request(_req(demo_png, newline_policy="drop", budget=32), {}, False, False, allowed)
+    assert gen.options == {"newline_policy": "drop", "budget": 32, "method": "coverpruner", "max_new_tokens": 5}
+    with pytest.raises(APIError) as info:
+        request_mod.build_request(_req(demo_png, secret_knob=2), {}, False, False, allowed)
+    assert info.value.status == 400 and info.value.param == "secret_knob" and info.value.code == "unknown_field"
 
-    def family_options(self):
-        return {"image_size": 448}
+
+def test_every_generation_option_is_declared_once():
+    """Each GenerationOptions field is an OpenAI field, an extra body field or the server's: a new field fails here
+    until the schema says which (so none joins the API silently)."""
+    fields = [f.name for f in dataclasses.fields(GenerationOptions)]
+    groups = [set(schema.OPENAI_FIELDS), set(schema.EXTRA_FIELDS), set(schema.SERVER_FIELDS)]
+    assert sorted(fields) == sorted(name for g in groups for name in g)
+    defaults = GenerationOptions()
+    assert request_mod.pipeline_options() == {name: getattr(defaults, name) for name in OPTION_FIELDS}
 
 
-def test_family_options_listed_by_the_pipeline(monkeypatch, demo_png):
-    monkeypatch.setattr(request_mod, "Pipeline", _KwargsPipeline)
-    allowed = request_mod.pipeline_options(_KwargsPipeline())
-    assert allowed == {"budget": 64, "method": "coverpruner", "image_size": 448}
+def test_family_options_listed_by_the_pipeline(demo_png):
+    allowed = request_mod.pipeline_options(_FamilyPipeline(image_size=448))
+    assert allowed == {**request_mod.pipeline_options(), "image_size": 448}
     gen = request_mod.build_request(_req(demo_png, image_size=336), {}, False, False, allowed)
     assert gen.options["image_size"] == 336
     with pytest.raises(APIError) as info:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coverpruner.families.contract import GridPanel, ImageSpan, NativeLayout, VisionInputs
+from coverpruner.families.contract import GridPanel, ImageSpan, VisionInputs
 from coverpruner.families.hf import HFRuntime
 from coverpruner.families.qwen2_5_vl.positions import decode_position, native_positions, pruned_positions
 from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
@@ -93,12 +93,6 @@ class QwenRuntime(HFRuntime):
             t = vision.facts["grid_thw"][0]
             temporal = np.repeat(np.arange(t, dtype=np.int64), n // t)
         return ImageSpan(feats, np.arange(n, dtype=np.int64), temporal=temporal)
-
-    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
-        """The published chat template around [image, prompt], <|image_pad|> expanded to n (no BOS)."""
-        if any(m in prompt for m in ("<|vision_start|>", "<|vision_end|>")):
-            raise ValueError("the prompt must not contain the image markers '<|vision_start|>' / '<|vision_end|>'")
-        return super().layout(tokenizer, prompt, num_image_rows)
 
     def native_positions(self, layout, visions) -> np.ndarray:
         """int64 [3, L]: HF get_rope_index's positions for the full native sequence (visions: the images and

@@ -112,7 +112,7 @@ def request_inputs(hf_processor, tiny_checkpoint) -> Request:
     cfg = hf_processor.image_processor.crop_size["height"] // hf_processor.patch_size
     n = cfg * cfg
     tokenizer = Tokenizer.from_file(str(Path(tiny_checkpoint) / "tokenizer.json"))
-    layout = family_runtime(tiny_checkpoint).layout(tokenizer, PROMPT, n)
+    layout = family_runtime(tiny_checkpoint).conversation_layout(tokenizer, messages, [n])
     assert (layout.input_ids == enc["input_ids"][0]).all(), "family layout must tokenize like the HF processor"
     return Request(enc["pixel_values"].astype(np.float32), enc["input_ids"].astype(np.int64),
                    layout.visual_positions, layout.instruction_positions)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from coverpruner.families import get_family, resolve_alias
-from coverpruner.families.hf import render_image_prompt, tokenize_layout
+from coverpruner.families.hf import render_conversation, tokenize_conversation
 from coverpruner.families.llava_next.anyres import AnyresSettings, geometry, prepare_tiles
 from coverpruner.runtime.errors import ImageError, ManifestError
 from tests.families.llava_next.fixtures import IMAGE_SIZES, smooth_image
@@ -44,11 +44,11 @@ def test_prompt_layout_equals_hf_processor(next_checkpoint, next_processor, next
     ids = next_processor(images=img, text=text, return_tensors="np")["input_ids"][0]
     geo = geometry(h, w, next_settings)
     # the runtime's layout: LLaVA's template rules with <image> expanded to the span's rows
-    rendered = render_image_prompt(fam.chat_template(next_checkpoint), PROMPT, "<image>", geo.num_rows)
+    rendered = render_conversation(fam.chat_template(next_checkpoint), messages, "<image>", [geo.num_rows])
     tok = Tokenizer.from_file(str(next_checkpoint / "tokenizer.json"))
-    layout = tokenize_layout(tok, rendered, next_processor.image_token_id, geo.num_rows)
+    layout = tokenize_conversation(tok, rendered, messages, next_processor.image_token_id, [geo.num_rows])
     np.testing.assert_array_equal(layout.input_ids, ids)
-    assert tok.decode(layout.input_ids[layout.instruction_positions].tolist()) == PROMPT
+    assert tok.decode(layout.input_ids[layout.instruction_turn[0]].tolist()) == PROMPT
 
 
 def test_extreme_aspect_ratio_keeps_only_the_base_image(next_settings):

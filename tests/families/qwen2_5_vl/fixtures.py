@@ -53,7 +53,7 @@ def ort_session(path: Path):
 
 
 def our_request(engine_dir: Path, image, prompt: str, options: dict | None = None):
-    """The family runtime's view of one request: (VisionInputs, NativeLayout, native positions int64 [3, L])."""
+    """The family runtime's view of one request: (VisionInputs, ConversationLayout, native positions int64 [3, L])."""
     from tokenizers import Tokenizer
 
     from coverpruner.engine_dir import load_manifest
@@ -63,5 +63,6 @@ def our_request(engine_dir: Path, image, prompt: str, options: dict | None = Non
     rt = get_family("qwen2_5_vl").runtime(manifest)
     vision = rt.prepare_image(image, options or {})
     tok = Tokenizer.from_file(str(Path(engine_dir) / "tokenizer.json"))
-    layout = rt.layout(tok, prompt, vision.num_candidates)
-    return vision, layout, rt.native_positions(layout, vision)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    layout = rt.conversation_layout(tok, messages, [vision.num_candidates])
+    return vision, layout, rt.native_positions(layout, [vision])

@@ -1,0 +1,106 @@
+"""Issue 25: a pipeline error carries its code and param from where it is raised; the server maps the code to an
+HTTP status and OpenAI error type in one table (serving.errors.ERROR_STATUS) and never reads the message.
+
+Each code of coverpruner.errors.CODES is raised through a running server, once while the request is checked
+(before it is queued) and once inside the worker, and the HTTP status and the error body are checked against
+the literal expectations below (written from the OpenAI error shape, not read from the table).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from coverpruner.errors import (CODES, CoverPrunerError, ImageError, ManifestError, OptionError, PromptError,
+                                VideoError)
+from coverpruner.serving import ServerConfig, create_app
+from coverpruner.serving.errors import ERROR_STATUS
+from tests.serving.conftest import data_url, serve_app, user_message
+
+#: code -> (error class raised, param raised, HTTP status, OpenAI type, param reported)
+EXPECTED = {
+    "invalid_request": (CoverPrunerError, None, 400, "invalid_request_error", None),
+    "invalid_value": (OptionError, "tau", 400, "invalid_request_error", "tau"),
+    "invalid_image": (ImageError, "messages[0].content[0]", 400, "invalid_request_error", "messages[0].content[0]"),
+    "invalid_video": (VideoError, None, 400, "invalid_request_error", "messages"),
+    "invalid_prompt": (PromptError, None, 400, "invalid_request_error", "messages"),
+    "context_length_exceeded": (PromptError, None, 400, "invalid_request_error", "messages"),
+    "too_many_images": (PromptError, None, 400, "invalid_request_error", "messages"),
+    "invalid_engine_dir": (ManifestError, None, 500, "server_error", None),
+}
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny_export):
+    app = create_app(ServerConfig(str(tiny_export), threads=1, model_name="tiny"))
+    with serve_app(app) as url:
+        yield app, url
+
+
+def _post(url: str, demo_png: bytes, stream: bool = False) -> tuple[int, dict]:
+    body = json.dumps({"model": "tiny", "messages": user_message(data_url(demo_png)), "max_tokens": 2,
+                       "stream": stream}).encode()
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, {}
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _failing(real, exc: Exception, on_call: int):
+    """chat_request that raises ``exc`` on its ``on_call``-th call (1, 2: the server's checks before queueing,
+    without and with the images; 3: the worker's own call) and runs the real one otherwise."""
+    calls = []
+
+    def chat_request(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == on_call:
+            raise exc
+        return real(*args, **kwargs)
+
+    return chat_request
+
+
+def test_every_code_has_a_status():
+    assert set(ERROR_STATUS) == set(CODES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("where", ["check", "worker"])
+@pytest.mark.parametrize("code", list(EXPECTED))
+def test_each_code_through_the_server(app_url, demo_png, monkeypatch, code, where):
+    app, url = app_url
+    cls, raised_param, status, kind, param = EXPECTED[code]
+    # the message names another problem on purpose: the code, not the text, decides
+    exc = cls("the context is full of max_images and budget words", code=code, param=raised_param)
+    assert exc.code == code
+    pipe = app.state.server.pipelines[0]
+    monkeypatch.setattr(pipe, "chat_request", _failing(pipe.chat_request, exc, 1 if where == "check" else 3))
+    got_status, body = _post(url, demo_png, stream=where == "worker")
+    assert got_status == status
+    assert body == {"error": {"message": "the context is full of max_images and budget words", "type": kind,
+                              "param": param, "code": code}}
+    monkeypatch.undo()
+    assert _post(url, demo_png)[0] == 200  # still serving
+
+
+def test_option_param_is_named_in_body_terms(app_url, demo_png, monkeypatch):
+    """A GenerationOptions field that OpenAI's body calls otherwise is reported by its body name."""
+    app, url = app_url
+    pipe = app.state.server.pipelines[0]
+    exc = OptionError("max_new_tokens must be an integer in 1..5, got 9", param="max_new_tokens")
+    monkeypatch.setattr(pipe, "chat_request", _failing(pipe.chat_request, exc, 1))
+    status, body = _post(url, demo_png)
+    assert status == 400 and body["error"]["param"] == "max_tokens" and body["error"]["code"] == "invalid_value"
+
+
+def test_default_codes_per_class():
+    assert [c("x").code for c in (CoverPrunerError, ManifestError, ImageError, VideoError, PromptError, OptionError)] \
+        == ["invalid_request", "invalid_engine_dir", "invalid_image", "invalid_video", "invalid_prompt",
+            "invalid_value"]
+    assert PromptError("x", code="too_many_images", param="messages").param == "messages"
+    with pytest.raises(TypeError):
+        OptionError("x", "tau")  # code and param are keyword-only
