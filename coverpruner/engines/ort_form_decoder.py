@@ -54,22 +54,18 @@ class KVSlots:
         self.cos[start:start + len(cos)] = cos
         self.sin[start:start + len(sin)] = sin
 
-    def run(self, first: int, count: int, embeds: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
+    def run(self, first: int, count: int, embeds: np.ndarray) -> np.ndarray:
         """Append S tokens to slots first..first+count-1 (their rotary rows written): embeds float32 [count, S, d]
-        -> logits float32 [count, V] of each slot's last new token.
-
-        valid: int [count], the real rows of each slot when the rows are right-padded to S (ONNX Runtime's GQA
-        takes padding only in a first prompt: every slot empty); a slot's logits are then those of row S - 1."""
+        -> logits float32 [count, V] of each slot's last new token."""
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
-        if int(self.lengths[slots].max(initial=0)) + s > self.capacity:
-            raise ValueError(f"KV cache holds {self.capacity} tokens; "
-                             f"{int(self.lengths[slots].max(initial=0)) + s} requested")
-        total = self.lengths[slots] + (s if valid is None else np.asarray(valid, dtype=np.int64))
+        total = self.lengths[slots] + s
+        if total.max() > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {int(total.max())} requested")
         binding = self.session.io_binding()
         binding.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, np.float32))
         binding.bind_cpu_input("seqlens_k", (total - 1).astype(np.int32))
-        binding.bind_cpu_input("total_sequence_length", np.array(int(self.lengths[slots].max()) + s, dtype=np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
         binding.bind_cpu_input("rotary_cos", self.cos)
         binding.bind_cpu_input("rotary_sin", self.sin)
         binding.bind_cpu_input("rotary_row", (slots * self.capacity + self.lengths[slots])[:, None]
@@ -157,8 +153,8 @@ class OrtFormDecoderSession:
 class BatchDecoder:
     """Continuous batching over an ORT-form decoder (public API; runtime/engine.py drives it for Pipeline).
 
-    Requests join with their prefill (``prefill``: the ones admitted together share its passes, each may start
-    from a restored prefix snapshot; ``join``: one request) and from then on advances in the one batched
+    Requests join with their prefill (``join``: one request, its logits; ``admit``: several, each from a
+    restored prefix snapshot or empty, their last prompt rows left for the next ``step``) and from then on advances in the one batched
     call per ``step`` that every active request shares; it leaves at any step (EOS, length, cancel) without
     waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only its
     own cache; tests/engines/test_batch_decoder.py).
@@ -188,65 +184,50 @@ class BatchDecoder:
     def join(self, inputs_embeds: np.ndarray, positions: np.ndarray) -> tuple[int, np.ndarray]:
         """Prefill a new request: inputs_embeds float32 [1, S, d], positions int64 [R, S] -> (handle, logits [V]).
         ValueError (one line) when every slot is taken or S exceeds the capacity."""
-        return self.prefill([(inputs_embeds[0], positions)])[0]
+        if len(self._order) >= self.max_batch:
+            raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
+        slot = len(self._order)
+        self._slots.lengths[slot] = 0
+        self._slots.write_rows(slot, positions)
+        logits = self._slots.run(slot, 1, inputs_embeds)[0]
+        handle, self._next = self._next, self._next + 1
+        self._order.append(handle)
+        return handle, logits
 
-    def prefill(self, inputs: list[tuple[np.ndarray, np.ndarray]], prefixes: list | None = None
-                ) -> list[tuple[int, np.ndarray]]:
-        """Admit k new requests with one batched pass over their rows (two when their lengths differ):
-        inputs: per request (embeds float32 [S_i, d], positions int64 [R, S_i]) of the rows after its prefix;
-        prefixes: per request a KVSnapshot restored into its slot first, or None -> per request (handle, logits
-        float32 [V] of its last row), in input order. ValueError (one line) when the slots or the capacity do
-        not suffice (nothing is admitted then).
+    def admit(self, inputs: list[tuple[np.ndarray, np.ndarray]], prefixes: list | None = None) -> list[int]:
+        """Admit k new requests without their last prompt row: per request a KVSnapshot restored into its slot
+        (prefixes[i], or None) and then its rows (inputs[i]: embeds float32 [S_i, d], positions int64 [R, S_i],
+        S_i >= 0) -> handles in input order. Each request's last prompt row then goes into the next ``step``
+        beside the others' tokens, whose logits start its answer: admission costs no pass of its own beyond
+        these rows, and a request with a restored prefix up to its last row runs none.
 
-        The graph returns the logits of the last row only, and ONNX Runtime's GroupQueryAttention runs several rows
-        of several requests in one call only as a first prompt (every slot empty, rows right-padded). So: (1) the
-        requests without a restored prefix run all rows but their last in one padded pass; (2) a request with a
-        restored prefix runs those rows alone (GQA takes several rows after a past only at batch 1); (3) every
-        request's last row runs in one pass of one row each, whose logits start the answers. A padded row's
-        key/value land after its request's real rows and are overwritten by its last row (a row attends only to
-        itself and earlier rows), so padding changes no result."""
+        Each request's rows run alone (batch 1): ONNX Runtime's GroupQueryAttention (1.32, CPU) takes several rows
+        of several requests in one call only as a right-padded first prompt (every slot empty; otherwise "batch_size
+        must be 1 when sequence_length > 1 and past context is given"), and there, measured, a request gets wrong
+        logits unless the first request is the longest, and with M-RoPE positions (Qwen2.5-VL) even then.
+        ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted then)."""
         k = len(inputs)
         prefixes = list(prefixes) if prefixes is not None else [None] * k
         if len(self._order) + k > self.max_batch:
             raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
                              f"{k} asked); leave one first")
-        if min(len(e) for e, _ in inputs) < 1:
-            raise ValueError("every request needs at least one row to prefill")
         starts = [0 if p is None else p.length for p in prefixes]
-        need = max(st + len(e) for st, (e, _) in zip(starts, inputs))
-        heads = [len(e) - 1 for e, _ in inputs]
-        # longest first: ONNX Runtime 1.32's CPU GQA bounds every request's keys in a padded first prompt by the
-        # first request's length (measured: a shorter first request changes the others' logits); with the
-        # longest first that bound never cuts a real row's causal window
-        fresh = sorted((i for i in range(k) if prefixes[i] is None and heads[i] > 0), key=lambda i: -heads[i])
-        width = max((heads[i] for i in fresh), default=0)
-        if max(need, width) > self.capacity:
-            raise ValueError(f"KV cache holds {self.capacity} tokens; {max(need, width)} requested")
-        after = [i for i in range(k) if prefixes[i] is not None and heads[i] > 0]
-        order = fresh + after + [i for i in range(k) if heads[i] == 0]
-        base, slots = len(self._order), self._slots
-        for j, i in enumerate(order):
-            slots.lengths[base + j] = 0
-            if prefixes[i] is not None:
-                self._restore(base + j, prefixes[i])
-        if fresh:  # (1) one padded first-prompt pass
-            embeds = np.zeros((len(fresh), width, inputs[fresh[0]][0].shape[1]), np.float32)
-            for j, i in enumerate(fresh):
-                embeds[j, :heads[i]] = inputs[i][0][:heads[i]]
-                slots.write_rows(base + j, np.asarray(inputs[i][1])[:, :heads[i]])
-            slots.run(base, len(fresh), embeds, valid=[heads[i] for i in fresh])
-        for j, i in enumerate(after, start=len(fresh)):  # (2) after a restored prefix: alone
-            slots.write_rows(base + j, np.asarray(inputs[i][1])[:, :heads[i]])
-            slots.run(base + j, 1, np.asarray(inputs[i][0][None, :heads[i]], np.float32))
-        for j, i in enumerate(order):  # (3) every last row in one pass
-            slots.write_rows(base + j, np.asarray(inputs[i][1])[:, -1:])
-        logits = slots.run(base, k, np.stack([inputs[i][0][-1:] for i in order]).astype(np.float32, copy=False))
-        out = [None] * k
-        for j, i in enumerate(order):
-            out[i] = (self._next, logits[j])
+        need = max(st + len(e) + 1 for st, (e, _) in zip(starts, inputs))
+        if need > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
+        handles = []
+        for (embeds, positions), prefix in zip(inputs, prefixes):
+            slot = len(self._order)
+            self._slots.lengths[slot] = 0
+            if prefix is not None:
+                self._restore(slot, prefix)
+            if len(embeds):
+                self._slots.write_rows(slot, positions)
+                self._slots.run(slot, 1, np.asarray(embeds, np.float32)[None])
+            handles.append(self._next)
             self._order.append(self._next)
             self._next += 1
-        return out
+        return handles
 
     def _restore(self, slot: int, snap: KVSnapshot) -> None:
         """Slot ``slot`` holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""

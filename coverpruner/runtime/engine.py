@@ -8,11 +8,13 @@
 
 One ``step`` is schedule -> run -> update, each a small named function:
 
-    decode      every running request advances one token in ONE decoder call (``feed_decode``)
     admit       queued requests take the free slots: their stages (native sequence, select: per request),
                 ``plan_prefill`` (pruned rows, positions, the longest cached prefix of their row identities),
-                then ONE prefill of all of them together (``feed_prefill``; BatchDecoder.prefill runs their rows
-                in one batched pass, two when their lengths differ) and their first tokens
+                then ``feed_prefill``: each one's prefix restored into its slot and its rows after it but the
+                last (BatchDecoder.admit; ONNX Runtime's attention runs several rows of a request at batch 1)
+    decode      ONE decoder call (``feed_decode``): a token for every running request and the last prompt row
+                of every request admitted in this step (vLLM's chunked prefill, the last chunk one row beside
+                the decodes), whose logits give the admitted requests their first tokens
     update      ``_after_token``: the stop rules (a stop id, max_new_tokens, the context), text pieces, and at
                 the end the request's KV inserted into the prefix cache and its slot freed
     cancel      drops a queued or running request between steps
@@ -69,13 +71,16 @@ class LoopSlots:
     def __init__(self, decoder, position_rank: int):
         self.decoder, self.rank = decoder, position_rank
 
-    def prefill(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray]]:
-        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request -> [(handle 0, logits [V] copy)]."""
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[int]:
+        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request (S >= 0: its rows after the restored
+        prefix but its last) -> [handle 0]. The cache is reset to capacities[0] tokens."""
         (embeds, positions), = inputs
         self.decoder.reset(capacities[0])
         if prefixes[0] is not None:
             self.decoder.restore(prefixes[0])
-        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))))]
+        if len(embeds):
+            self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))
+        return [0]
 
     def step(self, feeds: dict) -> dict:
         """{0: (embedding [d], position int64 [R])} -> {0: logits [V]}."""
@@ -100,8 +105,8 @@ class BatchSlots:
     def __init__(self, decoder: BatchDecoder):
         self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
 
-    def prefill(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray]]:
-        return self.decoder.prefill([(np.asarray(e, np.float32), p) for e, p in inputs], prefixes)
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[int]:
+        return self.decoder.admit([(np.asarray(e, np.float32), p) for e, p in inputs], prefixes)
 
     def step(self, feeds: dict) -> dict:
         return self.decoder.step({h: (np.asarray(e, np.float32), p) for h, (e, p) in feeds.items()})
@@ -147,28 +152,38 @@ def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Sele
     return plan
 
 
-def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]) -> list[tuple[int, np.ndarray]]:
-    """The one place a prefill reaches the decoder: the rows after each plan's cached prefix, all requests in one
-    call (their prefixes restored into their slots first) -> per request (slot handle, logits [V])."""
-    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:])
+def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]) -> list[int]:
+    """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it but
+    the last (``last_row`` goes into the next decoder step, see feed_decode), all requests admitted together in
+    one call -> their slot handles."""
+    inputs = [(native.embeds[plan.rows[plan.cached:-1]], plan.positions[:, plan.cached:-1])
               for plan, native in zip(plans, natives)]
-    out = slots.prefill(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
+    handles = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
     for plan in plans:
         plan.prefix = None  # restored: the slot holds it now
-    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
-    return out
+    return handles
 
 
-def feed_decode(pipe, slots, items: list[tuple[int, DecodeState, int]]) -> dict[int, np.ndarray]:
-    """The one decode step: items (slot handle, DecodeState, token to feed) -> {handle: logits [V]} in one
-    decoder call; each token goes in at the family's decode position for its state.step, which advances."""
+def last_row(handle: int, plan: PrefillPlan, native: NativeSequence) -> tuple[int, np.ndarray, np.ndarray]:
+    """A feed_decode item for a request's last prompt row: (handle, embedding [d], positions int64 [R])."""
+    return handle, native.embeds[plan.rows[-1]], plan.positions[:, -1]
+
+
+def token_row(pipe, handle: int, state: DecodeState, embedding: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """A feed_decode item for a generated token (embedding [d]) at the family's decode position for state.step;
+    state.step advances."""
     fam = pipe.family_runtime
-    embeds = pipe.embed(np.array([token for _, _, token in items], dtype=np.int64))  # [B, d]
-    feeds = {h: (e, np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64))
-             for (h, state, _), e in zip(items, embeds)}
-    logits = slots.step(feeds)
-    for _, state, _ in items:
-        state.step += 1
+    pos = np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64)
+    state.step += 1
+    return handle, embedding, pos
+
+
+def feed_decode(pipe, slots, items: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
+    """The one decode step: one row per request, (slot handle, embedding [d], positions int64 [R]) -> {handle:
+    logits [V]} in one decoder call. A row is a generated token (token_row) or the last prompt row of a request
+    admitted since the last step (last_row), whose logits start its answer."""
+    logits = slots.step({h: (e, p) for h, e, p in items})
+    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
     return logits
 
 
@@ -249,10 +264,36 @@ class Engine:
         return True
 
     def step(self) -> list[EngineEvent]:
-        """decode (the running requests, one token each, one call) -> admit (queued requests into the free slots,
-        one prefill) -> one event per request that did something."""
-        events = self._decode(list(self._running.values())) if self._running else []
-        return events + self._admit()
+        """admit (queued requests into the free slots: stages, prefix, rows but the last) -> one decoder call (a
+        token for every running request, the last prompt row of every admitted one) -> update (stop rules) ->
+        one event per request that did something."""
+        running = list(self._running.values())
+        admitted, events = self._admit()
+        if not running and not admitted:
+            return events
+        t = time.perf_counter()
+        tokens = [s.tokens[-1] for s in running]
+        embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
+        items = [token_row(self.pipe, s.handle, s.plan.state, e) for s, e in zip(running, embeds)]
+        items += [last_row(s.handle, s.plan, s.native) for s in admitted]
+        try:
+            logits = feed_decode(self.pipe, self.slots, items)
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests it carried
+            for seq in admitted:
+                self.slots.leave(seq.handle)
+            if running:
+                raise
+            return events + [EngineEvent(s.rid, error=exc) for s in admitted]
+        dt = time.perf_counter() - t
+        events += [self._after_token(s, s.sampler(logits[s.handle])) for s in running]
+        for seq in admitted:
+            t = time.perf_counter()
+            self._running[seq.rid] = seq
+            token = seq.sampler(logits[seq.handle])
+            seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
+            seq.t_decode = time.perf_counter()
+            events.append(self._after_token(seq, token))
+        return events
 
     def run(self, request: Request):
         """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
@@ -284,7 +325,9 @@ class Engine:
             seq.times.update(stage.timings)
         seq.times["prefill"] = time.perf_counter() - t
 
-    def _admit(self) -> list[EngineEvent]:
+    def _admit(self) -> tuple[list[_Sequence], list[EngineEvent]]:
+        """Queued requests into the free slots: their stages one by one, then one feed_prefill for all of them.
+        -> (the admitted sequences, error events of the ones that failed)."""
         events, seqs = [], []
         while self._queue and len(self._running) + len(seqs) < self.max_batch:
             rid, request = self._queue.popleft()
@@ -296,27 +339,18 @@ class Engine:
                 continue
             seqs.append(seq)
         if not seqs:
-            return events
+            return [], events
         t = time.perf_counter()
         try:
-            out = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
+            handles = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
         except Exception as exc:  # noqa: BLE001 - a failed prefill fails the requests it carried
-            return events + [EngineEvent(s.rid, error=exc) for s in seqs]
+            return [], events + [EngineEvent(s.rid, error=exc) for s in seqs]
         dt = time.perf_counter() - t
-        for seq, (handle, logits) in zip(seqs, out):
-            t = time.perf_counter()
-            seq.handle, seq.sampler, seq.stream = handle, Sampler(seq.request.sampling), StreamDecoder(self.pipe.encoder)
-            self._running[seq.rid] = seq
-            token = seq.sampler(logits)
-            seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
-            seq.t_decode = time.perf_counter()
-            events.append(self._after_token(seq, token))
-        return events
-
-    # -- decode ----------------------------------------------------------------------------------------
-    def _decode(self, seqs: list[_Sequence]) -> list[EngineEvent]:
-        logits = feed_decode(self.pipe, self.slots, [(s.handle, s.plan.state, s.tokens[-1]) for s in seqs])
-        return [self._after_token(s, s.sampler(logits[s.handle])) for s in seqs]
+        for seq, handle in zip(seqs, handles):
+            seq.handle, seq.sampler = handle, Sampler(seq.request.sampling)
+            seq.stream = StreamDecoder(self.pipe.encoder)
+            seq.times["prefill"] += dt
+        return seqs, events
 
     # -- update ----------------------------------------------------------------------------------------
     def _after_token(self, seq: _Sequence, token: int) -> EngineEvent:
