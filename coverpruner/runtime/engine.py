@@ -10,11 +10,12 @@ One ``step`` is schedule -> run -> update, each a small named function:
 
     admit       queued requests take the free slots: their stages (native sequence, select: per request),
                 ``plan_prefill`` (pruned rows, positions, the longest cached prefix of their row identities),
-                then ``feed_prefill``: each one's prefix restored into its slot and its rows after it but the
-                last (BatchDecoder.admit; ONNX Runtime's attention runs several rows of a request at batch 1)
-    decode      ONE decoder call (``feed_decode``): a token for every running request and the last prompt row
-                of every request admitted in this step (vLLM's chunked prefill, the last chunk one row beside
-                the decodes), whose logits give the admitted requests their first tokens
+                then ``feed_prefill``: each one's prefix restored into its slot and the rows after it (one
+                forward at batch 1; in a batch all rows but the last, BatchDecoder.admit, since ONNX Runtime's
+                attention runs several rows of a request only at batch 1)
+    decode      ONE decoder call (``feed_decode``): a token for every running request and, in a batch, the last
+                prompt row of every request admitted in this step (vLLM's chunked prefill: the last chunk, one
+                row, rides beside the decodes), whose logits give those requests their first tokens
     update      ``_after_token``: the stop rules (a stop id, max_new_tokens, the context), text pieces, and at
                 the end the request's KV inserted into the prefix cache and its slot freed
     cancel      drops a queued or running request between steps
@@ -71,16 +72,15 @@ class LoopSlots:
     def __init__(self, decoder, position_rank: int):
         self.decoder, self.rank = decoder, position_rank
 
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[int]:
-        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request (S >= 0: its rows after the restored
-        prefix but its last) -> [handle 0]. The cache is reset to capacities[0] tokens."""
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request (its rows after the restored prefix,
+        S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in one forward, exactly as a one-shot
+        prefill. The cache is reset to capacities[0] tokens."""
         (embeds, positions), = inputs
         self.decoder.reset(capacities[0])
         if prefixes[0] is not None:
             self.decoder.restore(prefixes[0])
-        if len(embeds):
-            self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))
-        return [0]
+        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))))]
 
     def step(self, feeds: dict) -> dict:
         """{0: (embedding [d], position int64 [R])} -> {0: logits [V]}."""
@@ -105,8 +105,11 @@ class BatchSlots:
     def __init__(self, decoder: BatchDecoder):
         self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
 
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[int]:
-        return self.decoder.admit([(np.asarray(e, np.float32), p) for e, p in inputs], prefixes)
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+        """As LoopSlots.admit, but every request's last row is left out (logits None): it goes into the next
+        batched step beside the other requests' tokens (BatchDecoder.admit says why)."""
+        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1]) for e, p in inputs], prefixes)
+        return [(h, None) for h in handles]
 
     def step(self, feeds: dict) -> dict:
         return self.decoder.step({h: (np.asarray(e, np.float32), p) for h, (e, p) in feeds.items()})
@@ -152,16 +155,18 @@ def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Sele
     return plan
 
 
-def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]) -> list[int]:
-    """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it but
-    the last (``last_row`` goes into the next decoder step, see feed_decode), all requests admitted together in
-    one call -> their slot handles."""
-    inputs = [(native.embeds[plan.rows[plan.cached:-1]], plan.positions[:, plan.cached:-1])
+def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]
+                 ) -> list[tuple[int, np.ndarray | None]]:
+    """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it, all
+    requests admitted together in one call -> per request (slot handle, logits [V] of its last row, or None where
+    the slots leave the last row to the next step: ``last_row`` through feed_decode)."""
+    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:])
               for plan, native in zip(plans, natives)]
-    handles = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
+    out = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
     for plan in plans:
         plan.prefix = None  # restored: the slot holds it now
-    return handles
+    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
+    return out
 
 
 def last_row(handle: int, plan: PrefillPlan, native: NativeSequence) -> tuple[int, np.ndarray, np.ndarray]:
@@ -182,9 +187,7 @@ def feed_decode(pipe, slots, items: list[tuple[int, np.ndarray, np.ndarray]]) ->
     """The one decode step: one row per request, (slot handle, embedding [d], positions int64 [R]) -> {handle:
     logits [V]} in one decoder call. A row is a generated token (token_row) or the last prompt row of a request
     admitted since the last step (last_row), whose logits start its answer."""
-    logits = slots.step({h: (e, p) for h, e, p in items})
-    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
-    return logits
+    return slots.step({h: (e, p) for h, e, p in items})
 
 
 # -- the loop -----------------------------------------------------------------------------------------
@@ -199,6 +202,7 @@ class _Sequence:
     selection: Selection | None = None
     plan: PrefillPlan | None = None
     handle: int = -1
+    first: np.ndarray | None = None  # logits [V] of the last prompt row when the prefill computed them
     sampler: Sampler | None = None
     stream: StreamDecoder | None = None
     times: dict = field(default_factory=dict)
@@ -275,9 +279,9 @@ class Engine:
         tokens = [s.tokens[-1] for s in running]
         embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
         items = [token_row(self.pipe, s.handle, s.plan.state, e) for s, e in zip(running, embeds)]
-        items += [last_row(s.handle, s.plan, s.native) for s in admitted]
+        items += [last_row(s.handle, s.plan, s.native) for s in admitted if s.first is None]
         try:
-            logits = feed_decode(self.pipe, self.slots, items)
+            logits = feed_decode(self.pipe, self.slots, items) if items else {}
         except Exception as exc:  # noqa: BLE001 - a failed step fails the requests it carried
             for seq in admitted:
                 self.slots.leave(seq.handle)
@@ -289,7 +293,8 @@ class Engine:
         for seq in admitted:
             t = time.perf_counter()
             self._running[seq.rid] = seq
-            token = seq.sampler(logits[seq.handle])
+            token = seq.sampler(logits[seq.handle] if seq.first is None else seq.first)
+            seq.first = None
             seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
             seq.t_decode = time.perf_counter()
             events.append(self._after_token(seq, token))
@@ -342,11 +347,11 @@ class Engine:
             return [], events
         t = time.perf_counter()
         try:
-            handles = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
+            out = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
         except Exception as exc:  # noqa: BLE001 - a failed prefill fails the requests it carried
             return [], events + [EngineEvent(s.rid, error=exc) for s in seqs]
         dt = time.perf_counter() - t
-        for seq, handle in zip(seqs, handles):
+        for seq, (handle, seq.first) in zip(seqs, out):
             seq.handle, seq.sampler = handle, Sampler(seq.request.sampling)
             seq.stream = StreamDecoder(self.pipe.encoder)
             seq.times["prefill"] += dt

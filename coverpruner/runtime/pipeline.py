@@ -35,7 +35,7 @@ from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError,
 from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
-from coverpruner.runtime.engine import Engine, feed_decode, feed_prefill, last_row, plan_prefill, token_row
+from coverpruner.runtime.engine import Engine, feed_decode, feed_prefill, plan_prefill, token_row
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import PrefixCache, feeds_hash, hash63, row_identity
@@ -580,14 +580,12 @@ class Pipeline:
         """Pruned sequence (all text tokens + every image's kept rows, native order) [L',d] at the family's pruned
         positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate; the longest prefix
         an earlier request left in the prefix cache restored, at most L' - 1 rows) -> first logits.
-        The engine loop's plan_prefill + feed_prefill + its last row through feed_decode, for this one request
-        on the pipeline's own decoder.
+        The engine loop's plan_prefill + feed_prefill for this one request on the pipeline's own decoder.
         Timing: prefill (the caller adds choosing the first token)."""
         t = time.perf_counter()
         plan = plan_prefill(self, request, native, selection)
         slots = Engine.for_pipeline(self).slots
-        handle, = feed_prefill(self, slots, [plan], [native])
-        logits = np.array(feed_decode(self, slots, [last_row(handle, plan, native)])[handle])
+        (_, logits), = feed_prefill(self, slots, [plan], [native])  # LoopSlots: the last row's logits
         return Prefill(plan.rows, logits, plan.state, {"prefill": time.perf_counter() - t}, plan.cached,
                        plan.identity)
 
