@@ -10,9 +10,11 @@ openai client from C threads (C = concurrency) over loopback.
     python benchmarks/bench_serve.py             # ~15 min on 2 cores
     python benchmarks/bench_serve.py --quick     # tiny engine only
     python benchmarks/bench_serve.py --streams 1,2,4,8 --new-tokens 128   # batched decode (serve_streams.py)
+    python benchmarks/bench_serve.py --loop --new-tokens 128              # engine loop: 8 at once, turn-2 TTFT
 
 The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
-Writes benchmarks/results/serve_<tag>.json and .png (--streams: serve_streams_<tag>.json and .png).
+Writes benchmarks/results/serve_<tag>.json and .png (--streams: serve_streams_<tag>.json and .png; --loop:
+serve_loop_<tag>.json and .png).
 """
 
 from __future__ import annotations
@@ -70,12 +72,12 @@ def rss_mib(pid: int) -> float:
 class Server:
     """coverpruner-serve in a subprocess; ``url``, ``proc``, ``startup_s``."""
 
-    def __init__(self, engine: Path, mode: str, log: Path, threads: int = 1):
+    def __init__(self, engine: Path, mode: str, log: Path, threads: int = 1, extra: tuple = ()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(engine), "--port", str(self.port),
                "--threads", str(threads), "--model-name", "bench", "--max-queue", "64", "--log-level", "warning",
-               *(BATCHED if mode == "batched" else MODES[mode])]
+               *(BATCHED if mode == "batched" else MODES[mode]), *extra]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -220,8 +222,13 @@ def main(argv=None) -> int:
     streams.add_argument("--rounds", type=int, default=2, help="round-robin rounds over the stream counts")
     streams.add_argument("--threads", type=int, default=2, help="ORT intra-op threads of the one worker")
     streams.add_argument("--only", choices=("server", "engine"), default=None, help="run one of the two sides")
+    loop = p.add_argument_group("the engine loop (--loop): 8 requests at once vs one, and turn-2 TTFT with the prefix "
+                                "cache vs without, through one batched server (benchmarks/serve_loop.py)")
+    loop.add_argument("--loop", action="store_true", help="run only this measurement")
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.loop:
+        return main_loop(args, argv)
     if args.streams:
         return main_streams(args, argv)
     from coverpruner.demo import prepare as prepare_tiny
@@ -302,6 +309,54 @@ def main_streams(args, argv) -> int:
     for side in ("server", "engine"):
         if side in data:
             print(side, {c: round(v["x_one_stream"], 2) for c, v in data[side]["decode"].items()})
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def main_loop(args, argv) -> int:
+    """--loop: benchmarks/serve_loop.py on the LLaVA-1.5-7B-width fp32 (ORT-form) engine."""
+    import onnxruntime
+
+    import serve_loop
+    from bench_pipeline import prepare as prepare_real
+
+    engine = prepare_real(args.workdir, 2, "fp32")
+    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+    logs = args.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    load0 = os.getloadavg()[0]
+    data = {"benchmark": "serve_loop",
+            "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": str(engine),
+            "new_tokens": args.new_tokens, "rounds": args.rounds, "budget": serve_loop.BUDGET,
+            "setup": f"coverpruner-serve {' '.join(BATCHED)} --threads {args.threads} [--prefix-cache-mb 256 | 0]",
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__},
+            "ttft": {}}
+    for name, mb in (("cache_on", "256"), ("cache_off", "0")):
+        server = Server(engine, "batched", logs / f"loop_{name}.log", threads=args.threads,
+                        extra=("--prefix-cache-mb", mb))
+        try:
+            client = make_client(server.url)
+            serve_loop._throughput_level(client, image_url, 1, 4)  # warm-up
+            if name == "cache_on":
+                data["throughput"] = serve_loop.throughput(client, image_url, args.rounds, args.new_tokens)
+            data["ttft"][name] = serve_loop.ttft(client, image_url)
+        finally:
+            server.stop()
+    on, off = data["ttft"]["cache_on"], data["ttft"]["cache_off"]
+    data["ttft"]["x_cache"] = off["median_ttft_s"] / on["median_ttft_s"]
+    data["ttft"]["answers_equal"] = [(c["turn1"], c["turn2"]) for c in on["conversations"]] == \
+        [(c["turn1"], c["turn2"]) for c in off["conversations"]]
+    data["load_average_1min"] = [load0, os.getloadavg()[0]]
+    tag = args.tag or "cpu"
+    out = ROOT / "benchmarks" / "results" / f"serve_loop_{tag}.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(out)
+    serve_loop.plot(out.with_suffix(".png"), data)
+    print(f"8 at once: {data['throughput']['x_one_request']:.2f}x one request; turn-2 TTFT cache on "
+          f"{on['median_ttft_s']:.2f} s vs off {off['median_ttft_s']:.2f} s = {data['ttft']['x_cache']:.2f}x; "
+          f"answers equal: {data['ttft']['answers_equal']}; load {data['load_average_1min']}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

@@ -151,9 +151,10 @@ class OrtFormDecoderSession:
 
 
 class BatchDecoder:
-    """Continuous batching over an ORT-form decoder (public API; runtime/batching.py drives it for Pipeline).
+    """Continuous batching over an ORT-form decoder (public API; runtime/engine.py drives it for Pipeline).
 
-    A request joins with its prefill (run alone on a free slot) and from then on advances in the one batched
+    Requests join with their prefill (``join``: one request, its logits; ``admit``: several, each from a
+    restored prefix snapshot or empty, their last prompt rows left for the next ``step``) and from then on advances in the one batched
     call per ``step`` that every active request shares; it leaves at any step (EOS, length, cancel) without
     waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only its
     own cache; tests/engines/test_batch_decoder.py).
@@ -192,6 +193,58 @@ class BatchDecoder:
         handle, self._next = self._next, self._next + 1
         self._order.append(handle)
         return handle, logits
+
+    def admit(self, inputs: list[tuple[np.ndarray, np.ndarray]], prefixes: list | None = None) -> list[int]:
+        """Admit k new requests without their last prompt row: per request a KVSnapshot restored into its slot
+        (prefixes[i], or None) and then its rows (inputs[i]: embeds float32 [S_i, d], positions int64 [R, S_i],
+        S_i >= 0) -> handles in input order. Each request's last prompt row then goes into the next ``step``
+        beside the others' tokens, whose logits start its answer: admission costs no pass of its own beyond
+        these rows, and a request with a restored prefix up to its last row runs none.
+
+        Each request's rows run alone (batch 1): ONNX Runtime's GroupQueryAttention (1.32, CPU) takes several rows
+        of several requests in one call only as a right-padded first prompt (every slot empty; otherwise "batch_size
+        must be 1 when sequence_length > 1 and past context is given"), and there, measured, a request gets wrong
+        logits unless the first request is the longest, and with M-RoPE positions (Qwen2.5-VL) even then.
+        ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted then)."""
+        k = len(inputs)
+        prefixes = list(prefixes) if prefixes is not None else [None] * k
+        if len(self._order) + k > self.max_batch:
+            raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
+                             f"{k} asked); leave one first")
+        starts = [0 if p is None else p.length for p in prefixes]
+        need = max(st + len(e) + 1 for st, (e, _) in zip(starts, inputs))
+        if need > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
+        handles = []
+        for (embeds, positions), prefix in zip(inputs, prefixes):
+            slot = len(self._order)
+            self._slots.lengths[slot] = 0
+            if prefix is not None:
+                self._restore(slot, prefix)
+            if len(embeds):
+                self._slots.write_rows(slot, positions)
+                self._slots.run(slot, 1, np.asarray(embeds, np.float32)[None])
+            handles.append(self._next)
+            self._order.append(self._next)
+            self._next += 1
+        return handles
+
+    def _restore(self, slot: int, snap: KVSnapshot) -> None:
+        """Slot ``slot`` holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
+        s = self._slots
+        check_snapshot(snap, s.num_layers, s.h, s.hd, np.dtype(np.float32), self.capacity)
+        for i, pair in enumerate(s.kv):
+            pair[0][slot, :, :snap.length] = snap.keys[i][0]
+            pair[1][slot, :, :snap.length] = snap.values[i][0]
+        s.lengths[slot] = snap.length
+
+    def snapshot(self, handle: int) -> KVSnapshot:
+        """Host copies of request ``handle``'s cached tokens: per layer key and value [1, H_kv, P, hd]."""
+        slot = self._order.index(handle)
+        n = int(self._slots.lengths[slot])
+        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, :n]) for pair in self._slots.kv)
+        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, :n]) for pair in self._slots.kv)
+        return KVSnapshot(n, keys, values)
 
     def step(self, feeds: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
         """One token for every active request: {handle: (embedding float32 [d], position int64 [R])} ->

@@ -36,15 +36,16 @@ from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError,
 from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
+from coverpruner.runtime.engine import Engine, feed_decode, feed_prefill, plan_prefill, token_row
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
 from coverpruner.runtime.messages import normalize, one_turn
-from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
-from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
+from coverpruner.runtime.prefix_cache import PrefixCache, feeds_hash, hash63, row_identity
+from coverpruner.runtime.result import GenerationResult, ImageResult
 # METHODS and parse_budget are also imported from here by the CLIs
 from coverpruner.runtime.options import METHODS, GenerationOptions, check_method, check_tau, parse_budget  # noqa: F401
-from coverpruner.runtime.sampling import Sampler, SamplingConfig
+from coverpruner.runtime.sampling import SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
-from coverpruner.runtime.text import PromptEncoder, StreamDecoder
+from coverpruner.runtime.text import PromptEncoder
 from coverpruner.selection import get_selector  # numpy path; torch only for torch tensors
 from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
 from coverpruner.video import VideoInput
@@ -214,19 +215,18 @@ class Pipeline:
 
     def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
                        ) -> list[GenerationResult]:
-        """Answer several requests with continuous batching (runtime/batching.py; ORT-form decoder only).
+        """Answer several requests together in the engine loop (runtime/engine.py): up to ``max_batch`` decode in
+        one decoder call per token (continuous batching; max_batch > 1 needs the ORT-form decoder).
 
-        requests: one dict of ``generate``'s keyword arguments each (image, prompt, budget, ...). Up to
-        ``max_batch`` decode together; capacity: KV tokens per request (default the model's max positions).
-        Returns the results in request order; the first request that fails raises its one-line error.
+        requests: one dict of ``generate``'s keyword arguments each (image, prompt, budget, ...). capacity: KV
+        tokens per request (default the model's max positions). Returns the results in request order; the first
+        request that fails raises its one-line error.
         """
-        from coverpruner.runtime.batching import BatchGenerator
-
-        batch = BatchGenerator(self, max_batch, capacity)
-        ids = [batch.submit(self.request(**kw)) for kw in requests]
+        engine = Engine.for_pipeline(self, max_batch, capacity or (None if max_batch == 1 else self.max_positions))
+        ids = [engine.submit(self.request(**kw)) for kw in requests]
         results = {}
-        while batch.pending:
-            for event in batch.step():
+        while engine.pending:
+            for event in engine.step():
                 if event.error is not None:
                     raise event.error
                 if event.result is not None:
@@ -359,6 +359,11 @@ class Pipeline:
         if self._integrity is not None:
             self._integrity.result()
             self._integrity = None
+
+    def check_files(self) -> None:
+        """Wait for the background file check (first request only); ManifestError if a file changed. The engine
+        loop calls it after each prefill, so no answer leaves before the check has passed."""
+        self._verified()
 
     def _checked(self, gen):
         """Run ``gen``; when a graph fails unexpectedly, a changed file (if any) is the error reported."""
@@ -540,8 +545,8 @@ class Pipeline:
         times["select"] = time.perf_counter() - t
         return Selection(images, times)
 
-    def _identity(self, native: NativeSequence, selection: Selection, rows: np.ndarray,
-                  positions: np.ndarray) -> np.ndarray:
+    def row_identities(self, native: NativeSequence, selection: Selection, rows: np.ndarray,
+                       positions: np.ndarray) -> np.ndarray:
         """int64 [L', 2+R]: the pruned rows' identities (runtime.prefix_cache.row_identity)."""
         image_rows = {}
         for span, digest, sel in zip(native.layout.image_spans, native.image_hashes, selection.images):
@@ -554,20 +559,14 @@ class Pipeline:
         """Pruned sequence (all text tokens + every image's kept rows, native order) [L',d] at the family's pruned
         positions [R,L'] -> decoder (cache reset to L' + the tokens the request may generate; the longest prefix
         an earlier request left in the prefix cache restored, at most L' - 1 rows) -> first logits.
+        The engine loop's plan_prefill + feed_prefill for this one request on the pipeline's own decoder.
         Timing: prefill (the caller adds choosing the first token)."""
         t = time.perf_counter()
-        rows, positions, state = self.pruned_sequence(request, native, selection)
-        self.decoder.reset(len(rows) + state.max_tokens)
-        cached, identity = 0, None
-        if self.prefix_cache.enabled:
-            identity = self._identity(native, selection, rows, positions)
-            cached, snapshot = self.prefix_cache.lookup(identity)
-            if snapshot is not None:
-                self.decoder.restore(snapshot)
-        logits = self.decoder.forward(native.embeds[rows[cached:]][None],
-                                      position_ids_input(positions[:, cached:], self.family_runtime.position_rank))
-        self._verified()  # no answer leaves before the background file check has passed (first request only)
-        return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t}, cached, identity)
+        plan = plan_prefill(self, request, native, selection)
+        slots = Engine.for_pipeline(self).slots
+        (_, logits), = feed_prefill(self, slots, [plan], [native])  # LoopSlots: the last row's logits
+        return Prefill(plan.rows, logits, plan.state, {"prefill": time.perf_counter() - t}, plan.cached,
+                       plan.identity)
 
     def pruned_sequence(self, request: Request, native: NativeSequence,
                         selection: Selection) -> tuple[np.ndarray, np.ndarray, DecodeState]:
@@ -585,66 +584,15 @@ class Pipeline:
 
     def decode(self, state: DecodeState, token: int) -> np.ndarray:
         """One decode step: feed ``token`` (generated token number state.step) at the family's decode position,
-        advance state.step -> logits float [V] of the next token (valid until the next decoder call)."""
-        fam = self.family_runtime
-        emb = self.embed(np.array([token], dtype=np.int64))
-        pos = np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64)[:, None]
-        logits = self.decoder.forward(emb[None], position_ids_input(pos, fam.position_rank))
-        state.step += 1
-        return logits
-
-    def _remember(self, prefill: Prefill, tokens: list[int]) -> None:
-        """Put the decoder's cache (the pruned prompt + the answer tokens fed back) into the prefix cache."""
-        fam = self.family_runtime
-        fed = tokens[:-1]  # the last token was sampled, never fed
-        state = prefill.state
-        extra = np.empty((len(fed), prefill.identity.shape[1]), dtype=np.int64)
-        extra[:, 0] = TEXT_ROW
-        extra[:, 1] = fed
-        for step in range(len(fed)):
-            extra[step, 2:] = np.asarray(fam.decode_position(state.native, state.pruned, step), dtype=np.int64)
-        identity = np.concatenate([prefill.identity, extra])
-        if self.decoder.length == len(identity):
-            self.prefix_cache.insert(identity, self.decoder.snapshot())
+        advance state.step -> logits float [V] of the next token (valid until the next decoder call).
+        The engine loop's feed_decode for one request on the pipeline's own decoder."""
+        item = token_row(self, 0, state, self.embed(np.array([token], dtype=np.int64))[0])
+        return feed_decode(self, Engine.for_pipeline(self).slots, [item])[0]
 
     def _generate(self, request: Request):
-        """native_sequence -> select -> prefill -> decode until a stop id or the limit; yields text pieces and
-        returns the GenerationResult."""
-        t_start = time.perf_counter()
-        native = self.native_sequence(request)
-        selection = self.select(request, native)
-        prefill = self.prefill(request, native, selection)
-        t = time.perf_counter()
-        sampler = Sampler(request.sampling)
-        token = sampler(prefill.logits)
-        times = dict.fromkeys(TIMING_KEYS, 0.0)
-        for stage in (native, selection, prefill):
-            times.update(stage.timings)
-        times["prefill"] += time.perf_counter() - t  # the first token comes with the prefill
-        t = time.perf_counter()
-
-        state, stream, tokens = prefill.state, StreamDecoder(self.encoder), [token]
-        finish = state.limit
-        while True:
-            if token in request.stop_ids:
-                finish = "eos"
-                break
-            piece = stream.push(token)
-            if piece:
-                yield piece
-            if len(tokens) >= state.max_tokens:
-                break
-            token = sampler(self.decode(state, token))
-            tokens.append(token)
-        piece = stream.flush()
-        if piece:
-            yield piece
-        times["decode"] = time.perf_counter() - t
-        if prefill.identity is not None:
-            self._remember(prefill, tokens)
-        times["total"] = time.perf_counter() - t_start
-        return self.result(request, native, selection, stream.emitted, tokens, times, prefill.length, finish,
-                           prefill.cached)
+        """The engine loop (runtime/engine.py) with this one request on the pipeline's own decoder: native_sequence
+        -> select -> prefill -> decode until a stop rule; yields text pieces and returns the GenerationResult."""
+        return (yield from Engine.for_pipeline(self).run(request))
 
     @staticmethod
     def result(request: Request, native: NativeSequence, selection: Selection, text: str, tokens: list[int],

@@ -1,9 +1,12 @@
 """Worker threads that decode their requests together (``coverpruner-serve --max-batch B``).
 
-Each worker thread owns one Pipeline and one runtime.batching.BatchGenerator of ``max_batch`` slots: it takes
-jobs from the shared queue while it has free slots, and every loop turn runs one batched decode step for all of
-its requests (a job joins at its first decode step and leaves at EOS, length, or cancel). Same interface as
-workers.WorkerPool (submit / admitted / running / queued / shutdown; Job events unchanged), admitting at most
+Each worker thread owns one Pipeline and one engine loop of ``max_batch`` slots (runtime.batching.BatchGenerator,
+i.e. runtime/engine.py over a BatchDecoder): it takes jobs from the shared queue while it has free slots, and
+every loop turn is one engine step: the jobs taken since the last turn are admitted (their stages, the longest
+pruned prefix in the pipeline's prefix cache restored into their slots, their prefills) and every job advances
+one token in one batched decoder call; a job leaves at EOS, length or cancel, and a finished one leaves its
+prefix in the cache for the conversation's next turn (--prefix-cache-mb holds for every --max-batch). Same
+interface as workers.WorkerPool (submit / admitted / running / queued / shutdown; Job events unchanged), admitting at most
 ``workers * max_batch + max_queue`` requests before QueueFull (503).
 """
 

@@ -1,6 +1,8 @@
-"""N pipelines behind a bounded queue, each generation in a worker thread, cancellable per token.
+"""N pipelines behind a bounded queue, each generation in a worker thread, cancellable per token
+(``coverpruner-serve --max-batch 1``, and every standard-form dir).
 
-Every worker thread owns one ``Pipeline`` (its KV-cache buffers are per instance). ``submit`` admits a
+Every worker thread owns one ``Pipeline`` (its KV-cache buffers and prefix cache are per instance) and runs
+Pipeline.stream / chat_stream: the engine loop (runtime/engine.py) with one request. ``submit`` admits a
 request only while fewer than ``workers + max_queue`` are admitted, so a full server answers 503 at
 once instead of letting latency grow without bound. A request's events (text pieces, then the
 GenerationResult or an error) reach the event loop through an asyncio queue; ``cancel()`` (a client

@@ -110,3 +110,42 @@ def test_prefix_cache_evicts_least_recently_used_and_refuses_oversize():
     off = PrefixCache(0)
     off.insert(idents[0], _snap(8))
     assert not off.enabled and off.lookup(idents[0])[0] == 0
+
+
+def test_prefix_cache_index_survives_shared_prefixes_and_extensions():
+    """Two entries share 5 rows; dropping one keeps the other findable through the shared chain keys; an entry
+    that extends another replaces it; a wrong row anywhere in the prefix stops the walk there."""
+    cache = PrefixCache(1 << 20)
+    base = np.stack([np.full(12, -1), np.arange(12) + 7, np.arange(12)], 1).astype(np.int64)
+    other = base.copy()
+    other[5:, 1] += 100  # agrees with base on rows 0..4 only
+    cache.insert(base[:8], _snap(8, 1.0))
+    cache.insert(other[:9], _snap(9, 2.0))
+    p, snap = cache.lookup(other)
+    assert p == 9 and float(snap.keys[0][0, 0, 0, 0]) == 2.0
+    assert cache.lookup(base)[0] == 8
+    cache.kv.remove(max(cache.kv.items))  # drop the entry of `other`
+    p, snap = cache.lookup(other)
+    assert p == 5 and float(snap.keys[0][0, 0, 0, 0]) == 1.0  # base's entry still serves the shared rows
+    cache.insert(base[:11], _snap(11, 3.0))  # extends base[:8]: replaces it
+    assert len(cache.kv.items) == 1 and cache.lookup(base)[0] == 11
+    broken = base.copy()
+    broken[2, 1] = -5
+    assert cache.lookup(broken)[0] == 2
+
+
+def test_prefix_cache_stores_share_one_budget():
+    """A vision output inserted past the budget evicts the least recently used entry of another store."""
+    snap = _snap(8)
+    ident = np.stack([np.full(8, -1), np.arange(8), np.arange(8)], 1).astype(np.int64)
+    entry = snap.nbytes + ident.nbytes
+    cache = PrefixCache(entry + 340)
+    cache.insert(ident, snap)
+    cache.put_selection(b"s", np.arange(4, dtype=np.int64), None)
+    assert cache.lookup(ident)[0] == 7 and cache.nbytes == entry + 32
+    cache.put_vision(b"v", {"image_features": np.zeros(80, np.float32)})  # 320 bytes: something must go
+    assert cache.get_selection(b"s") is None  # the least recently used (the KV entry was just looked up)
+    assert cache.lookup(ident)[0] == 7 and cache.get_vision(b"v") is not None
+    assert cache.nbytes == entry + 320 <= cache.max_bytes
+    cache.clear()
+    assert cache.nbytes == 0 and cache.lookup(ident)[0] == 0

@@ -196,3 +196,36 @@ def test_batched_decode_of_ragged_requests_equals_each_alone(qwen):
             dec.leave(handles[1])
             active.discard(1)
             assert dec.active == [handles[0], handles[2]] and dec.length(handles[2]) == lengths[2] + 1
+
+
+def test_requests_admitted_together_start_in_one_step_as_each_alone(qwen):
+    """BatchDecoder.admit takes four requests at once (one starting from a restored prefix snapshot of its own
+    rows, one of a single row) without their last prompt rows; one step with those last rows gives each one's
+    first logits and the next step its second: all equal transformers' on its own full sequence, and a
+    request's snapshot holds what a prefill alone writes."""
+    model, graph, d = qwen
+    lengths = (9, 37, 1, 22)
+    rng = np.random.default_rng(5)
+    embeds = [(rng.standard_normal((n + 1, d["hidden"])) * 0.5).astype(np.float32) for n in lengths]
+    positions = [_qwen_positions(n + 1) for n in lengths]
+    alone = _loop(graph, d)
+    alone.reset(64)
+    alone.forward(embeds[3][None, :15], positions[3][:, None, :15])
+    prefix = alone.snapshot()  # request 3 restores its first 15 rows and prefills 15..20
+    dec = _batch(graph, d, 4, 64)
+    inputs = [(e[:n - 1], p[:, :n - 1]) for e, p, n in zip(embeds, positions, lengths)]
+    inputs[3] = (embeds[3][15:21], positions[3][:, 15:21])
+    handles = dec.admit(inputs, [None, None, None, prefix])
+    assert [dec.length(h) for h in handles] == [n - 1 for n in lengths]
+    for k in (0, 1):  # the last prompt rows, then one more row each
+        got = dec.step({h: (embeds[b][n - 1 + k], positions[b][:, n - 1 + k])
+                        for b, (h, n) in enumerate(zip(handles, lengths))})
+        for b, n in enumerate(lengths):
+            want = _qwen_reference(model, embeds[b][None, :n + k], positions[b][:, :n + k])
+            np.testing.assert_allclose(got[handles[b]], want, atol=ATOL, rtol=0)
+    snap = dec.snapshot(handles[1])
+    one = _loop(graph, d)
+    one.reset(64)
+    one.forward(embeds[1][None, :38], positions[1][:, None, :38])
+    np.testing.assert_allclose(snap.keys[0], one.snapshot().keys[0], atol=ATOL, rtol=0)
+    assert snap.length == 38

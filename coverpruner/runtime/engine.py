@@ -1,0 +1,401 @@
+"""The engine loop: every request, alone or with others, runs here (vLLM's EngineCore.step in spirit).
+
+    engine = Engine.for_pipeline(pipe, max_batch=8)       # max_batch 1: the Pipeline's own DecoderLoop
+    rid = engine.submit(pipe.request(image, prompt))
+    while engine.pending:
+        for event in engine.step():   # EngineEvent: request id, new text piece, GenerationResult / error when done
+            ...
+
+One ``step`` is schedule -> run -> update, each a small named function:
+
+    admit       queued requests take the free slots: their stages (native sequence, select: per request),
+                ``plan_prefill`` (pruned rows, positions, the longest cached prefix of their row identities),
+                then ``feed_prefill``: each one's prefix restored into its slot and the rows after it (one
+                forward at batch 1; in a batch all rows but the last, BatchDecoder.admit, since ONNX Runtime's
+                attention runs several rows of a request only at batch 1)
+    decode      ONE decoder call (``feed_decode``): a token for every running request and, in a batch, the last
+                prompt row of every request admitted in this step (vLLM's chunked prefill: the last chunk, one
+                row, rides beside the decodes), whose logits give those requests their first tokens
+    update      ``_after_token``: the stop rules (a stop id, max_new_tokens, the context), text pieces, and at
+                the end the request's KV inserted into the prefix cache and its slot freed
+    cancel      drops a queued or running request between steps
+
+Batch 1 is this loop with one slot (``LoopSlots`` over Pipeline.decoder, any decoder form: the standard form
+cannot batch, so it always runs here); up to N requests share ``BatchSlots`` (engines.ort_form_decoder.
+BatchDecoder, ORT-form decoder). Pipeline.generate / stream / chat / chat_stream / batch_generate, coverpruner-run,
+evaluation and both server worker pools go through it, and so does prefix reuse: a request admitted into a
+running batch restores its longest cached pruned prefix into its own slot and prefills only the rest.
+Not thread-safe: one thread drives an engine (a server worker owns its own).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coverpruner.engine_dir import graph_spec, position_ids_input
+from coverpruner.engines.interfaces import KVSnapshot
+from coverpruner.engines.ort_form_decoder import BatchDecoder
+from coverpruner.runtime.errors import OptionError, PromptError
+from coverpruner.runtime.prefix_cache import TEXT_ROW
+from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
+from coverpruner.runtime.sampling import Sampler
+from coverpruner.runtime.stages import DecodeState, NativeSequence, Request, Selection
+from coverpruner.runtime.text import StreamDecoder
+
+
+@dataclass
+class EngineEvent:
+    """What one step did for one request: ``piece`` (new text, may be ""), and once it is done ``result``
+    (its GenerationResult) or ``error`` (the exception its own stages raised; the others go on)."""
+
+    request_id: int
+    piece: str = ""
+    result: GenerationResult | None = None
+    error: Exception | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+
+# -- the decoder slots: one request (any DecoderLoop) or many (BatchDecoder) --------------------------
+class LoopSlots:
+    """One slot over a coverpruner.engines.interfaces.DecoderLoop (the Pipeline's own decoder, any form).
+    The cache is sized per request (prompt + the tokens it may generate)."""
+
+    max_batch = 1
+
+    def __init__(self, decoder, position_rank: int):
+        self.decoder, self.rank = decoder, position_rank
+
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request (its rows after the restored prefix,
+        S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in one forward, exactly as a one-shot
+        prefill. The cache is reset to capacities[0] tokens."""
+        (embeds, positions), = inputs
+        self.decoder.reset(capacities[0])
+        if prefixes[0] is not None:
+            self.decoder.restore(prefixes[0])
+        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))))]
+
+    def step(self, feeds: dict) -> dict:
+        """{0: (embedding [d], position int64 [R])} -> {0: logits [V]}."""
+        (handle, (emb, pos)), = feeds.items()
+        pos = np.asarray(pos, dtype=np.int64).reshape(-1, 1)
+        return {handle: self.decoder.forward(emb[None, None], position_ids_input(pos, self.rank))}
+
+    def length(self, handle: int) -> int:
+        return self.decoder.length
+
+    def snapshot(self, handle: int) -> KVSnapshot:
+        return self.decoder.snapshot()
+
+    def leave(self, handle: int) -> None:
+        """Nothing to free: the next prefill resets the cache."""
+
+
+class BatchSlots:
+    """Up to ``max_batch`` requests over an engines.ort_form_decoder.BatchDecoder (float32 KV, ``capacity``
+    tokens per request, allocated once)."""
+
+    def __init__(self, decoder: BatchDecoder):
+        self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
+
+    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+        """As LoopSlots.admit, but every request's last row is left out (logits None): it goes into the next
+        batched step beside the other requests' tokens (BatchDecoder.admit says why)."""
+        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1]) for e, p in inputs], prefixes)
+        return [(h, None) for h in handles]
+
+    def step(self, feeds: dict) -> dict:
+        return self.decoder.step({h: (np.asarray(e, np.float32), p) for h, (e, p) in feeds.items()})
+
+    def length(self, handle: int) -> int:
+        return self.decoder.length(handle)
+
+    def snapshot(self, handle: int) -> KVSnapshot:
+        return self.decoder.snapshot(handle)
+
+    def leave(self, handle: int) -> None:
+        self.decoder.leave(handle)
+
+
+# -- the two places the decoder is fed ----------------------------------------------------------------
+@dataclass
+class PrefillPlan:
+    """What one request's prefill feeds: rows int64 [L'] (ascending native indices), positions int64 [R,L'],
+    the DecodeState, identity int64 [L',C] of the rows (None with the prefix cache off), cached (rows restored
+    from ``prefix``, a KVSnapshot or None)."""
+
+    rows: np.ndarray
+    positions: np.ndarray
+    state: DecodeState
+    identity: np.ndarray | None = None
+    cached: int = 0
+    prefix: KVSnapshot | None = None
+
+
+def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Selection,
+                 capacity: int | None = None) -> PrefillPlan:
+    """The pruned rows and positions of a request and the longest prefix of them the pipeline's prefix cache
+    holds (at most L' - 1 rows). capacity: KV tokens a batch slot holds; PromptError (one line) when the request
+    needs more."""
+    rows, positions, state = pipe.pruned_sequence(request, native, selection)
+    if capacity is not None and len(rows) + state.max_tokens > capacity:
+        raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's KV "
+                          f"capacity is {capacity} per request")
+    plan = PrefillPlan(rows, positions, state)
+    if pipe.prefix_cache.enabled:
+        plan.identity = pipe.row_identities(native, selection, rows, positions)
+        plan.cached, plan.prefix = pipe.prefix_cache.lookup(plan.identity)
+    return plan
+
+
+def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]
+                 ) -> list[tuple[int, np.ndarray | None]]:
+    """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it, all
+    requests admitted together in one call -> per request (slot handle, logits [V] of its last row, or None where
+    the slots leave the last row to the next step: ``last_row`` through feed_decode)."""
+    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:])
+              for plan, native in zip(plans, natives)]
+    out = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
+    for plan in plans:
+        plan.prefix = None  # restored: the slot holds it now
+    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
+    return out
+
+
+def last_row(handle: int, plan: PrefillPlan, native: NativeSequence) -> tuple[int, np.ndarray, np.ndarray]:
+    """A feed_decode item for a request's last prompt row: (handle, embedding [d], positions int64 [R])."""
+    return handle, native.embeds[plan.rows[-1]], plan.positions[:, -1]
+
+
+def token_row(pipe, handle: int, state: DecodeState, embedding: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+    """A feed_decode item for a generated token (embedding [d]) at the family's decode position for state.step;
+    state.step advances."""
+    fam = pipe.family_runtime
+    pos = np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64)
+    state.step += 1
+    return handle, embedding, pos
+
+
+def feed_decode(pipe, slots, items: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
+    """The one decode step: one row per request, (slot handle, embedding [d], positions int64 [R]) -> {handle:
+    logits [V]} in one decoder call. A row is a generated token (token_row) or the last prompt row of a request
+    admitted since the last step (last_row), whose logits start its answer."""
+    return slots.step({h: (e, p) for h, e, p in items})
+
+
+# -- the loop -----------------------------------------------------------------------------------------
+@dataclass
+class _Sequence:
+    """A request in the engine: its stages' outputs, slot, sampler, stream decoder and tokens so far."""
+
+    rid: int
+    request: Request
+    t_start: float = 0.0
+    native: NativeSequence | None = None
+    selection: Selection | None = None
+    plan: PrefillPlan | None = None
+    handle: int = -1
+    first: np.ndarray | None = None  # logits [V] of the last prompt row when the prefill computed them
+    sampler: Sampler | None = None
+    stream: StreamDecoder | None = None
+    times: dict = field(default_factory=dict)
+    t_decode: float = 0.0
+    tokens: list = field(default_factory=list)
+
+
+class Engine:
+    """Drives requests of one Pipeline through ``slots`` (LoopSlots or BatchSlots); see the module docstring.
+
+    capacity: KV tokens a batch slot holds (BatchSlots), checked per request at admission; None for LoopSlots.
+    """
+
+    def __init__(self, pipeline, slots, capacity: int | None = None):
+        self.pipe, self.slots = pipeline, slots
+        self.max_batch = slots.max_batch
+        self.capacity = capacity
+        self._queue: deque[tuple[int, Request]] = deque()
+        self._running: dict[int, _Sequence] = {}
+        self._next = 0
+
+    @classmethod
+    def for_pipeline(cls, pipeline, max_batch: int = 1, capacity: int | None = None) -> "Engine":
+        """max_batch 1 (and no capacity): the pipeline's own DecoderLoop, any decoder form. Otherwise a BatchDecoder
+        of ``max_batch`` slots of ``capacity`` tokens (default the model's max positions; ORT-form decoder only,
+        other dirs refused in one line). Its KV cache is num_layers x 2 x [max_batch, H_kv, capacity, hd] float32."""
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise OptionError(f"max_batch must be a positive integer, got {max_batch!r}")
+        if max_batch == 1 and capacity is None:
+            return cls(pipeline, LoopSlots(pipeline.decoder, pipeline.family_runtime.position_rank))
+        if pipeline.decoder_form != "ort":
+            raise OptionError(f"{pipeline.manifest.root}: batched decoding needs the ORT-form decoder "
+                              f"(graphs.decoder.form 'ort'); this dir's is {pipeline.decoder_form!r} (re-export with "
+                              "--decoder-form ort, or decode one request at a time)")
+        d = pipeline.manifest.dims
+        capacity = int(capacity or pipeline.max_positions)
+        decoder = BatchDecoder(pipeline.sessions["decoder"], max_batch, capacity, int(d["num_layers"]),
+                               int(d["num_kv_heads"]), int(d["head_dim"]),
+                               graph_spec(pipeline.manifest, "decoder").rotary)
+        return cls(pipeline, BatchSlots(decoder), capacity)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running."""
+        return len(self._queue) + len(self._running)
+
+    def submit(self, request: Request) -> int:
+        """Queue a validated Request (Pipeline.request / chat_request); returns its id."""
+        rid, self._next = self._next, self._next + 1
+        self._queue.append((rid, request))
+        return rid
+
+    def cancel(self, rid: int) -> bool:
+        """Drop request ``rid`` (queued or running) without an event; False if it is unknown or done."""
+        for i, (qid, _) in enumerate(self._queue):
+            if qid == rid:
+                del self._queue[i]
+                return True
+        seq = self._running.pop(rid, None)
+        if seq is None:
+            return False
+        self.slots.leave(seq.handle)
+        return True
+
+    def step(self) -> list[EngineEvent]:
+        """admit (queued requests into the free slots: stages, prefix, rows but the last) -> one decoder call (a
+        token for every running request, the last prompt row of every admitted one) -> update (stop rules) ->
+        one event per request that did something."""
+        running = list(self._running.values())
+        admitted, events = self._admit()
+        if not running and not admitted:
+            return events
+        t = time.perf_counter()
+        tokens = [s.tokens[-1] for s in running]
+        embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
+        items = [token_row(self.pipe, s.handle, s.plan.state, e) for s, e in zip(running, embeds)]
+        items += [last_row(s.handle, s.plan, s.native) for s in admitted if s.first is None]
+        try:
+            logits = feed_decode(self.pipe, self.slots, items) if items else {}
+        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests it carried
+            for seq in admitted:
+                self.slots.leave(seq.handle)
+            if running:
+                raise
+            return events + [EngineEvent(s.rid, error=exc) for s in admitted]
+        dt = time.perf_counter() - t
+        events += [self._after_token(s, s.sampler(logits[s.handle])) for s in running]
+        for seq in admitted:
+            t = time.perf_counter()
+            self._running[seq.rid] = seq
+            token = seq.sampler(logits[seq.handle] if seq.first is None else seq.first)
+            seq.first = None
+            seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
+            seq.t_decode = time.perf_counter()
+            events.append(self._after_token(seq, token))
+        return events
+
+    def run(self, request: Request):
+        """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
+        (one-line CoverPrunerError for bad input) is raised."""
+        rid = self.submit(request)
+        while self.pending:
+            for event in self.step():
+                if event.request_id != rid:
+                    continue
+                if event.error is not None:
+                    raise event.error
+                if event.piece:
+                    yield event.piece
+                if event.result is not None:
+                    return event.result
+        raise RuntimeError("the engine finished without a result")  # unreachable: every request ends in an event
+
+    # -- admit ---------------------------------------------------------------------------------------
+    def _stages(self, seq: _Sequence) -> None:
+        """Per request: native sequence, selection, prefill plan (prefix lookup)."""
+        pipe = self.pipe
+        seq.t_start = time.perf_counter()
+        seq.native = pipe.native_sequence(seq.request)
+        seq.selection = pipe.select(seq.request, seq.native)
+        t = time.perf_counter()
+        seq.plan = plan_prefill(pipe, seq.request, seq.native, seq.selection, self.capacity)
+        seq.times = dict.fromkeys(TIMING_KEYS, 0.0)
+        for stage in (seq.native, seq.selection):
+            seq.times.update(stage.timings)
+        seq.times["prefill"] = time.perf_counter() - t
+
+    def _admit(self) -> tuple[list[_Sequence], list[EngineEvent]]:
+        """Queued requests into the free slots: their stages one by one, then one feed_prefill for all of them.
+        -> (the admitted sequences, error events of the ones that failed)."""
+        events, seqs = [], []
+        while self._queue and len(self._running) + len(seqs) < self.max_batch:
+            rid, request = self._queue.popleft()
+            seq = _Sequence(rid, request)
+            try:
+                self._stages(seq)
+            except Exception as exc:  # noqa: BLE001 - the request fails alone; the others go on
+                events.append(EngineEvent(rid, error=exc))
+                continue
+            seqs.append(seq)
+        if not seqs:
+            return [], events
+        t = time.perf_counter()
+        try:
+            out = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
+        except Exception as exc:  # noqa: BLE001 - a failed prefill fails the requests it carried
+            return [], events + [EngineEvent(s.rid, error=exc) for s in seqs]
+        dt = time.perf_counter() - t
+        for seq, (handle, seq.first) in zip(seqs, out):
+            seq.handle, seq.sampler = handle, Sampler(seq.request.sampling)
+            seq.stream = StreamDecoder(self.pipe.encoder)
+            seq.times["prefill"] += dt
+        return seqs, events
+
+    # -- update ----------------------------------------------------------------------------------------
+    def _after_token(self, seq: _Sequence, token: int) -> EngineEvent:
+        """The stop rules: a stop id ends the answer (kept in token_ids, not in the text); else its text piece,
+        and the answer ends at state.max_tokens (finish_reason "length", or "context" when the context ended
+        first)."""
+        seq.tokens.append(int(token))
+        finish, piece = None, ""
+        if token in seq.request.stop_ids:
+            finish = "eos"
+        else:
+            piece = seq.stream.push(token)
+            if len(seq.tokens) >= seq.plan.state.max_tokens:
+                finish = seq.plan.state.limit
+        if finish is None:
+            return EngineEvent(seq.rid, piece)
+        piece += seq.stream.flush()
+        del self._running[seq.rid]
+        now = time.perf_counter()
+        seq.times["decode"] = now - seq.t_decode
+        self._remember(seq)
+        self.slots.leave(seq.handle)
+        seq.times["total"] = time.perf_counter() - seq.t_start
+        result = self.pipe.result(seq.request, seq.native, seq.selection, seq.stream.emitted, seq.tokens, seq.times,
+                                  len(seq.plan.rows), finish, seq.plan.cached)
+        return EngineEvent(seq.rid, piece, result)
+
+    def _remember(self, seq: _Sequence) -> None:
+        """Insert the request's cache (the pruned prompt + the answer tokens fed back) into the prefix cache."""
+        plan = seq.plan
+        if plan.identity is None:
+            return
+        fam = self.pipe.family_runtime
+        fed = seq.tokens[:-1]  # the last token was sampled, never fed
+        extra = np.empty((len(fed), plan.identity.shape[1]), dtype=np.int64)
+        extra[:, 0] = TEXT_ROW
+        extra[:, 1] = fed
+        for step in range(len(fed)):
+            extra[step, 2:] = np.asarray(fam.decode_position(plan.state.native, plan.state.pruned, step),
+                                         dtype=np.int64)
+        identity = np.concatenate([plan.identity, extra])
+        if self.slots.length(seq.handle) == len(identity):
+            self.pipe.prefix_cache.insert(identity, self.slots.snapshot(seq.handle))
