@@ -12,6 +12,8 @@ Bounds, and why:
 - seed: 0 .. 2**63 - 1 (numpy's generator refuses negatives; int64 bound for any backend).
 - max_new_tokens: 1 .. MAX_NEW_TOKENS (the context ends decoding long before).
 - temperature: finite, >= 0; top_p: finite, in (0, 1].
+- method options (coverpruner.selection's declarations: dart's pivots, cdpruner's relevance_weight): each
+  method's own check; an option of another method is refused by name (check_method_options).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import math
 import numbers
 
 from coverpruner.runtime.errors import OptionError
+from coverpruner.selection import METHOD_OPTIONS, METHODS, method_options
 
 TAU_MAX = 64.0
 MAX_BUDGET = 2 ** 31 - 1
@@ -88,3 +91,22 @@ def parse_budget(budget) -> int | None:
     if not _is_int(value) or not 1 <= value <= MAX_BUDGET:
         raise OptionError(f"budget must be a positive integer or 'full', got {budget!r} (integers 1..{MAX_BUDGET})")
     return int(value)
+
+
+def split_method_options(options: dict) -> tuple[dict, dict]:
+    """Request keywords -> (family options, method options): the names some selection method declares
+    (coverpruner.selection.METHOD_OPTIONS) go to the second dict."""
+    return ({k: v for k, v in options.items() if k not in METHOD_OPTIONS},
+            {k: v for k, v in options.items() if k in METHOD_OPTIONS})
+
+
+def check_method_options(method: str, given: dict) -> dict:
+    """The method options of ``method``: given values (checked) over its declared defaults -> {name: value}.
+    OptionError (one line) for an option the method does not take or a bad value; {} for an unknown method
+    (refused where it prunes)."""
+    if method not in METHODS:
+        return {}
+    try:
+        return method_options(method, given)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None

@@ -40,18 +40,17 @@ from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import TEXT_ROW, PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult, ImageResult
 # parse_budget is also imported from here by the CLIs and the server
-from coverpruner.runtime.options import check_bool, check_max_new_tokens, check_seed, check_tau, parse_budget
+from coverpruner.runtime.options import (check_bool, check_max_new_tokens, check_method_options, check_seed,
+                                        check_tau, parse_budget, split_method_options)
 from coverpruner.runtime.sampling import Sampler, SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder, StreamDecoder
-from coverpruner.selection import SELECTORS, get_selector  # numpy path; torch only for torch tensors
+from coverpruner.selection import SELECTORS, get_method, get_selector, uses_relevance  # numpy; torch only for torch
 from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
 from coverpruner.video import VideoInput
 
 #: Selection methods the runtime offers: the names coverpruner.selection registers.
 METHODS = tuple(SELECTORS)
-#: Methods that read the layer-0 demand; the probe graph runs only for these.
-_USES_RELEVANCE = {"coverpruner", "attention"}
 #: Where an image's demand comes from: its own user message ("turn") or the last user message ("latest").
 DEMANDS = ("turn", "latest")
 #: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
@@ -63,6 +62,11 @@ def _selector(method: str):
     if method not in METHODS:
         raise OptionError(f"unknown method {method!r}; expected one of {list(METHODS)}")
     return get_selector(method)
+
+
+def _method_kwargs(request: Request) -> dict:
+    """The method options the request's selector takes (its registry declaration), from request.options."""
+    return {o.name: request.options.get(o.name, o.default) for o in get_method(request.method).options}
 
 
 def _video_facts(facts: dict) -> dict | None:
@@ -362,7 +366,8 @@ class Pipeline:
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         sampling = SamplingConfig(temperature, top_p, check_seed(seed))
         stop_ids = frozenset() if check_bool("ignore_eos", ignore_eos) else frozenset(self.eos_ids)
-        options = self.resolve_options(options)
+        options, given = split_method_options(options)  # the selection method's own options ride in options
+        options = {**self.resolve_options(options), **check_method_options(method, given)}
         conversation = None
         if prompt is not None:
             if not isinstance(prompt, str):
@@ -496,12 +501,12 @@ class Pipeline:
         n = len(feats)
         if request.method == "coverpruner" and relevance is not None and self.selector_for(n) == "onnx":
             return self.select_onnx(feats, relevance, request.budget, request.tau)
-        if relevance is None and request.method in _USES_RELEVANCE:
+        if relevance is None and uses_relevance(request.method):
             relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
         # selectors ignore options they do not use (tau: coverpruner, seed: random)
         return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
-                                                    budget=request.budget, tau=request.tau, seed=request.seed),
-                          dtype=np.int64)
+                                                    budget=request.budget, tau=request.tau, seed=request.seed,
+                                                    **_method_kwargs(request)), dtype=np.int64)
 
     def _select_windowed(self, request: Request, span, relevance, window: int) -> np.ndarray:
         """A video's selection within temporal windows of ``window`` temporal patches (the request option
@@ -510,11 +515,12 @@ class Pipeline:
         from coverpruner.selection.windowed import select_in_windows  # the windowed selection (selection layer)
 
         feats = np.asarray(span.features, np.float32)
-        if relevance is None and request.method in _USES_RELEVANCE:
+        if relevance is None and uses_relevance(request.method):
             relevance = np.ones(len(feats), dtype=np.float32)
         windows = (np.asarray(span.temporal, dtype=np.int64) // int(window)).astype(np.int64)
         return np.asarray(select_in_windows(_selector(request.method), feats, relevance, request.budget, windows,
-                                            tau=request.tau, seed=request.seed), dtype=np.int64)
+                                            tau=request.tau, seed=request.seed, **_method_kwargs(request)),
+                          dtype=np.int64)
 
     def select(self, request: Request, native: NativeSequence) -> Selection:
         """Per image: layer-0 demand from the probe (only for methods that read it; instruction tokens of its own
@@ -531,7 +537,7 @@ class Pipeline:
                 if cache.enabled and request.demand == "turn" else [None] * len(spans))
         found = [cache.get_selection(k) if k is not None else None for k in keys]
         relevance = {}
-        if request.method in _USES_RELEVANCE:
+        if uses_relevance(request.method):
             groups = {}
             for j in range(len(spans)):
                 instr = layout.instruction(j, request.demand)
