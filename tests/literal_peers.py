@@ -15,7 +15,7 @@ Nothing here imports coverpruner (see literal_selection.py for why). Each is the
 
 Tie rules (the product documents the same ones): a value within the rounding window of the best is tied, the
 lowest index wins. DART: (d + 2) * eps * scale; CDPruner: (n + d) * eps * max(diag L). A CDPruner gain at or
-below 1e-10 * max(diag L) means the kernel has no volume left: the rest are the largest L_ii, lowest index first.
+below 1e-4 * max(diag L) means the kernel has no volume left: the rest are the largest L_ii, lowest index first.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def cdpruner_reference(features, relevance, budget: int, relevance_weight: float
             l_yc = kernel[np.ix_(picks, cand)]
             schur -= np.sum(l_yc * np.linalg.solve(kernel[np.ix_(picks, picks)], l_yc), axis=0)
         gains = dict(zip(cand, schur.tolist()))
-        if max(gains.values()) <= 1e-10 * top:
+        if max(gains.values()) <= 1e-4 * top:
             quality = {i: float(kernel[i, i]) for i in gains}
             while len(picks) < budget:
                 k = _best(quality, window, largest=True)

@@ -30,8 +30,11 @@ from .ties import EPS64, NORM_EPS
 
 #: the paper's kernel (OpenVINO GenAI's docs give 1.0 as relevance_weight's default too)
 RELEVANCE_WEIGHT = 1.0
-#: a gain at or below this fraction of the largest quality L_ii means no volume is left (see the module doc)
-EXHAUSTED_RTOL = 1e-10
+#: a gain at or below this fraction of the largest quality L_ii counts as no volume left (see the module doc): 1e-4
+#: rather than float64's 1e-15 so that the float32 selector graph (export/peer_graphs.py), whose incremental gains
+#: carry ~m * eps32 (up to ~4e-5 at m = 320) of rounding, draws the same line; a token below it adds a factor
+#: under 1e-4 to det(L_Y), i.e. is (nearly) in the span of the kept ones
+EXHAUSTED_RTOL = 1e-4
 
 
 def check_relevance_weight(weight) -> float:
@@ -66,7 +69,7 @@ def cdpruner_select(features, relevance=None, budget: int = 64, relevance_weight
     unit = v / np.maximum(norms, NORM_EPS)[:, None]
     q = instruction_quality(r, n)
     mix = w * q  # L_ji = S_ji * (mix_j * q_i + (1 - w))
-    diag = np.einsum("ij,ij->i", unit, unit) * (mix * q + (1.0 - w))
+    diag = (norms > 0) * (mix * q + (1.0 - w))  # S_ii = 1 exactly (0 for an all-zero row): equal qualities tie
     top = float(diag.max())
     window = (n + d) * EPS64 * top
     gain = diag.copy()

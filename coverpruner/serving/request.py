@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from coverpruner.runtime import METHODS, Pipeline
 from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.pipeline import parse_budget
+from coverpruner.selection import METHOD_OPTIONS
 from coverpruner.serving.errors import bad_request
 from coverpruner.serving.images import load_image_url
 from coverpruner.serving.schema import ChatCompletionRequest
@@ -34,7 +35,8 @@ DEFAULT_MAX_TOKENS = 128
 def pipeline_options(pipeline=None) -> dict:
     """Extra body fields the server accepts -> their defaults: keyword arguments of both Pipeline.generate and
     .stream that no OpenAI field maps to, plus the loaded family's request options when the pipeline lists
-    them (``Pipeline.family_options()``, taken through ``**options``)."""
+    them (``Pipeline.family_options()``, taken through ``**options``), plus every option a selection method
+    declares (coverpruner.selection.METHOD_OPTIONS; the pipeline refuses one the request's method does not take)."""
     params = [inspect.signature(f).parameters for f in (Pipeline.generate, Pipeline.stream)]
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     options = {name: p.default for name, p in params[1].items()
@@ -46,6 +48,8 @@ def pipeline_options(pipeline=None) -> dict:
     family_options = getattr(pipeline, "family_options", None)
     if callable(family_options):
         options.update(family_options())
+    # the selection methods' own options (pivots, relevance_weight): the default depends on the method
+    options.update({name: None for name in METHOD_OPTIONS})
     return options
 
 

@@ -67,7 +67,7 @@ def test_save_selection_draws_kept_patches(tiny_export, demo_image, tmp_path, ca
 
 @pytest.mark.parametrize("case", ["missing_dir", "missing_manifest", "unknown_version", "sha_mismatch",
                                   "missing_image", "corrupt_image", "prompt_too_long", "unknown_method",
-                                  "unknown_provider", "bad_budget"])
+                                  "unknown_provider", "bad_budget", "bad_relevance_weight", "other_methods_option"])
 def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, capsys):
     engine, image, prompt, extra = engine_copy, demo_image, "What is shown?", []
     expect = {
@@ -76,6 +76,8 @@ def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, cap
         "missing_image": "image not found", "corrupt_image": "cannot read image",
         "prompt_too_long": "the context allows", "unknown_method": "unknown method 'fastv'",
         "unknown_provider": "unknown provider 'npu'", "bad_budget": "budget must be a positive integer or 'full'",
+        "bad_relevance_weight": "relevance_weight must be a finite number in [0, 1], got nan",
+        "other_methods_option": "option relevance_weight is not taken by method 'dart'",
     }[case]
     if case == "missing_dir":
         engine = tmp_path / "nowhere"
@@ -102,6 +104,10 @@ def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, cap
         extra = ["--provider", "npu"]
     elif case == "bad_budget":
         extra = ["--budget", "-3"]
+    elif case == "bad_relevance_weight":
+        extra = ["--method", "cdpruner", "--relevance-weight", "nan"]
+    elif case == "other_methods_option":
+        extra = ["--method", "dart", "--relevance-weight", "0.5"]
     code, out, err = _run(capsys, engine, "--image", image, "--prompt", prompt, "--max-new-tokens", "2", *extra)
     assert code == 2
     lines = err.strip().splitlines()

@@ -17,6 +17,7 @@ from coverpruner.engines.ort import OrtSessionFactory
 from coverpruner.runtime import METHODS, OptionError, PromptError, Request
 from coverpruner.runtime.result import TIMING_KEYS
 from coverpruner.runtime.sampling import Sampler
+from tests.literal_peers import cdpruner_reference, dart_reference
 from tests.literal_selection import assert_same_or_not_worse, divprune_reference
 
 Q = "What is shown in this image?"
@@ -74,7 +75,7 @@ def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, b
     assert sel.keep.dtype == np.int64 and len(sel.keep) == min(budget, n)
     assert np.all(np.diff(sel.keep) > 0) and sel.keep[0] >= 0 and sel.keep[-1] < n
     np.testing.assert_array_equal(sel.kept_rows, native.span.candidates[sel.keep])  # LLaVA: nothing always kept
-    if method in ("coverpruner", "attention"):
+    if method in ("coverpruner", "attention", "cdpruner"):
         assert sel.relevance.shape == (n,) and sel.relevance.dtype == np.float32
         assert set(sel.timings) == {"probe", "select"}
     else:
@@ -84,6 +85,10 @@ def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, b
         assert_same_or_not_worse(sel.keep, feats, sel.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
     elif method == "divprune":
         np.testing.assert_array_equal(sel.keep, divprune_reference(feats, budget))
+    elif method == "dart":
+        np.testing.assert_array_equal(sel.keep, dart_reference(feats, budget))
+    elif method == "cdpruner":
+        np.testing.assert_array_equal(sel.keep, cdpruner_reference(feats, sel.relevance, budget))
 
 
 def test_select_full_budget_keeps_every_row(pipe, native, demo_image):
