@@ -12,8 +12,10 @@ min-max normalised the same way; None or a constant relevance gives q = 1 (diver
 
 Greedy MAP: d_i^2 = L_ii; each step takes j = argmax d_i^2 over the unpicked tokens, then for every i
 e_i = (L_ji - <c_j, c_i>) / d_j, c_i <- [c_i, e_i], d_i^2 <- d_i^2 - e_i^2 (d_i^2 is the gain
-det(L_{Y+i}) / det(L_Y)). Rows L_j are formed on demand (one [n] row per pick, O(m n d) in all; no [n, n] matrix).
-Ties: gains within (n + d) * eps64 * max(diag L) of the best are tied, the lowest index wins. When the best gain
+det(L_{Y+i}) / det(L_Y)). S is one GEMM (selection.blocked.similarity: float64 up to 2,048 tokens, float32 above,
+exactly symmetric): measured faster than forming a row of S per pick (m memory-bound [n, d] passes) at n = 576 and
+2,880 (docs/performance.md); the gains are float64. Ties: gains within (n + d) * eps64 * max(diag L) of the best
+(8 float32 ulps of it when S is float32) are tied, the lowest index wins. When the best gain
 falls to EXHAUSTED_RTOL * max(diag L) or below, the kernel has no volume left (rank(L) <= picks, e.g. d < m or
 duplicated tokens); the remaining picks are the unpicked tokens of largest quality L_ii, lowest index on ties
 (Chen et al. stop there; a selector must return m tokens).
@@ -26,7 +28,8 @@ import numbers
 import numpy as np
 
 from ._inputs import check_budget, check_features, check_relevance
-from .ties import EPS64, NORM_EPS
+from .blocked import similarity, utilities_dtype
+from .ties import EPS32, EPS64
 
 #: the paper's kernel (OpenVINO GenAI's docs give 1.0 as relevance_weight's default too)
 RELEVANCE_WEIGHT = 1.0
@@ -58,22 +61,23 @@ def cdpruner_select(features, relevance=None, budget: int = 64, relevance_weight
                     **_) -> np.ndarray:
     """Conditional-DPP greedy MAP selection. features [n, d], relevance [n] | None. Returns int64 [min(budget, n)]
     ascending."""
-    v = check_features(features).astype(np.float64)
+    v = check_features(features)
     n, d = v.shape
     m = check_budget(budget)
     r = check_relevance(relevance, n)
     w = check_relevance_weight(relevance_weight)
     if m >= n:
         return np.arange(n, dtype=np.int64)
-    norms = np.linalg.norm(v, axis=1)
-    unit = v / np.maximum(norms, NORM_EPS)[:, None]
+    dtype = utilities_dtype(n)
+    sim, _ = similarity(v, dtype)  # [n, n] cosine similarity
     q = instruction_quality(r, n)
     mix = w * q  # L_ji = S_ji * (mix_j * q_i + (1 - w))
-    diag = (norms > 0) * (mix * q + (1.0 - w))  # S_ii = 1 exactly (0 for an all-zero row): equal qualities tie
+    nonzero = np.linalg.norm(v, axis=1) > 0
+    diag = nonzero * (mix * q + (1.0 - w))  # S_ii = 1 exactly (0 for an all-zero row): equal qualities tie
     top = float(diag.max())
-    window = (n + d) * EPS64 * top
+    window = ((n + d) * EPS64 if dtype == np.float64 else 8 * EPS32) * top
     gain = diag.copy()
-    c = np.empty((m, n))
+    c = np.empty((n, m))  # column t = e of step t; [n, t] @ [t] (gemv) measured 3x faster than [t] @ [t, n]
     picks: list[int] = []
     for t in range(m):
         best = gain.max()
@@ -86,9 +90,9 @@ def cdpruner_select(features, relevance=None, budget: int = 64, relevance_weight
                 quality[k] = -np.inf
             break
         j = int(np.flatnonzero(gain >= best - window)[0])
-        row = (unit @ unit[j]) * (mix[j] * q + (1.0 - w))
-        e = (row - c[:t, j] @ c[:t]) / np.sqrt(gain[j])
-        c[t] = e
+        row = sim[j].astype(np.float64) * (mix[j] * q + (1.0 - w))
+        e = (row - c[:, :t] @ c[j, :t]) / np.sqrt(gain[j])
+        c[:, t] = e
         gain -= e * e
         picks.append(j)
         gain[picks] = -np.inf

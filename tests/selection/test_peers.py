@@ -101,3 +101,20 @@ def test_selectors_check_their_own_options():
         cdpruner_select(np.eye(4), np.ones(4), 2, relevance_weight=float("inf"))
     with pytest.raises(ValueError, match="pivots must be an integer"):
         dart_select(np.eye(4), None, 2, pivots=2.5)
+
+
+def test_video_windows_run_each_window_with_the_methods_options():
+    """select_in_windows (the pipeline's video_window path) passes the method's options to every window: three
+    windows of 20 tokens, budget 15 -> 5 per window, each the literal reference on that window's rows."""
+    from coverpruner.selection import select_in_windows
+
+    v, r, _ = peer_case("random", 3)
+    v, r = v[:60], r[:60]
+    windows = np.repeat(np.arange(3), 20)
+    got = select_in_windows(get_selector("cdpruner"), v, r, 15, windows, relevance_weight=0.5)
+    want = np.concatenate([20 * w + cdpruner_reference(v[20 * w:20 * w + 20], r[20 * w:20 * w + 20], 5, 0.5)
+                           for w in range(3)])
+    np.testing.assert_array_equal(got, want)
+    got = select_in_windows(get_selector("dart"), v, None, 15, windows, pivots=2)
+    want = np.concatenate([20 * w + dart_reference(v[20 * w:20 * w + 20], 5, 2) for w in range(3)])
+    np.testing.assert_array_equal(got, want)
