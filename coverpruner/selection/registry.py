@@ -95,24 +95,24 @@ def uses_relevance(name: str) -> bool:
 
 
 def method_options(name: str, given: dict) -> dict:
-    """The method options of `name` for a request: given values (checked) over the declared defaults.
-    ValueError (one line) for an option of another method, or a bad value."""
+    """The method options of `name` for a request: given values (checked) over the declared defaults; a value None
+    counts as not given. ValueError (one line) for an option of another method, or a bad value."""
     method = get_method(name)
     own = {o.name: o for o in method.options}
+    given = {k: v for k, v in given.items() if v is not None}
     for key in given:
         if key not in own:
             takers = sorted(n for n, m in METHODS.items() if key in {o.name for o in m.options})
             takes = ", ".join(sorted(own)) or "no method options"
             raise ValueError(f"option {key} is not taken by method {name!r} (it takes {takes}); "
                              f"{key} is an option of {', '.join(repr(t) for t in takers) or 'no method'}")
-    return {o.name: o.check(given[o.name]) if given.get(o.name) is not None else o.default
-            for o in method.options}
+    return {o.name: o.check(given[o.name]) if o.name in given else o.default for o in method.options}
 
 
 def get_selector(name: str) -> Callable[..., np.ndarray]:
     """The selector called `name`: f(features, relevance=None, budget=64, **options) -> int64 [m] ascending.
 
-    Options a selector does not use are ignored (tau/backend for coverpruner, seed for random, pivots for dart,
-    relevance_weight for cdpruner).
+    Each selector ignores the options it does not take (tau / backend are coverpruner's, seed random's, pivots
+    dart's, relevance_weight cdpruner's); the runtime refuses another method's option first (method_options).
     """
     return get_method(name).select

@@ -78,6 +78,7 @@ def test_methods_declare_whether_they_read_the_probe_and_their_options():
     assert method_options("cdpruner", {"relevance_weight": 0.25}) == {"relevance_weight": 0.25}
     assert method_options("dart", {"pivots": 4}) == {"pivots": 4}
     assert method_options("coverpruner", {}) == {}
+    assert method_options("dart", {"relevance_weight": None}) == {"pivots": 8}  # None: not given
 
 
 @pytest.mark.parametrize("method, given, message", [
