@@ -114,10 +114,7 @@ def _cdpruner_body() -> onnx.GraphProto:
         n("Where", ["exhausted", "quality_in", "gain_in"], ["score"]),  # no volume left: largest L_ii next
         *_lowest_best("s", "score", "window"),
         # row j of L: S_j * (w q_j q + (1 - w))
-        n("Gather", ["vn", "s_k"], ["u_j"], axis=0),  # [d]
-        n("Reshape", ["u_j", "shape_col"], ["u_j_col"]),
-        n("MatMul", ["vn", "u_j_col"], ["s_row_col"]),  # [n, 1]
-        n("Reshape", ["s_row_col", "shape_1_neg"], ["s_row"]),
+        n("Gather", ["sim", "s_k"], ["s_row"], axis=0),  # [n]
         n("Gather", ["mix", "s_k"], ["mix_j"], axis=0),
         n("Mul", ["q", "mix_j"], ["row_scale_q"]),
         n("Add", ["row_scale_q", "one_minus_w"], ["row_scale"]),
@@ -181,6 +178,9 @@ def build_cdpruner_model(float_dtype: str = "float32", opset: int = 17) -> onnx.
         n("Add", ["mix_q", "one_minus_w"], ["diag_scale"]),
         n("Mul", ["vn_sq_n", "diag_scale"], ["diag"]),
         n("ReduceMax", ["diag"], ["top"], keepdims=0),
+        # S = Vn Vn^T once ([n, n] float32, the coverage selector's size): faster than a [n, d] pass per pick, which
+        # is memory-bound (measured at n = 576 and 2,880, benchmarks/bench_peer_selectors.py)
+        n("Gemm", ["vn", "vn"], ["sim"], transB=1),  # Gemm: ORT's FusedMatMul of a Transpose was 2x slower
         n("Mul", ["top", "exhausted_rtol"], ["exhausted_at"]),
         n("Mul", ["top", "tie_rtol"], ["window"]),
         n("ConstantOfShape", ["n_1d"], ["zeros_n"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
