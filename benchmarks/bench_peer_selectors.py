@@ -84,7 +84,7 @@ def plot(path: Path, summary: dict) -> None:
         labels = list(rows)
         ax.bar(range(len(labels)), [rows[k]["median_s"] * 1e3 for k in labels],
                color=["#1f77b4" if k.endswith("numpy") else "#ff7f0e" for k in labels])
-        ax.set_xticks(range(len(labels)), [k.replace(" ", "\n") for k in labels], fontsize=7)
+        ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=35, ha="right")
         ax.set_ylabel("select stage, ms (median)")
         ax.set_title(shape, fontsize=9)
     fig.suptitle("Selector time per image: numpy (blue), ONNX Runtime CPU (orange)", fontsize=10)
