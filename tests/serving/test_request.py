@@ -30,7 +30,9 @@ def _req(demo_png, **extra):
 
 def test_options_follow_the_pipeline_signature(monkeypatch, demo_png):
     monkeypatch.setattr(request_mod, "Pipeline", _FuturePipeline)
-    assert set(request_mod.pipeline_options()) == {"budget", "method", "tau", "newline_policy"}
+    # plus the selection methods' own options (registry declarations: dart's pivots, cdpruner's relevance_weight)
+    assert set(request_mod.pipeline_options()) == {"budget", "method", "tau", "newline_policy", "pivots",
+                                                   "relevance_weight"}
     gen = request_mod.build_request(_req(demo_png, newline_policy="drop", budget=32), {}, False, False)
     assert gen.options == {"newline_policy": "drop", "budget": 32, "method": "coverpruner", "max_new_tokens": 5}
     with pytest.raises(APIError) as info:
@@ -53,7 +55,8 @@ class _KwargsPipeline:
 def test_family_options_listed_by_the_pipeline(monkeypatch, demo_png):
     monkeypatch.setattr(request_mod, "Pipeline", _KwargsPipeline)
     allowed = request_mod.pipeline_options(_KwargsPipeline())
-    assert allowed == {"budget": 64, "method": "coverpruner", "image_size": 448}
+    assert allowed == {"budget": 64, "method": "coverpruner", "image_size": 448, "pivots": None,
+                       "relevance_weight": None}
     gen = request_mod.build_request(_req(demo_png, image_size=336), {}, False, False, allowed)
     assert gen.options["image_size"] == 336
     with pytest.raises(APIError) as info:
