@@ -33,6 +33,21 @@ def test_json_output_has_result_and_timings(tiny_export, demo_image, capsys):
     assert res["kept_indices"] == sorted(res["kept_indices"]) and "decode_tokens_per_s" in res
 
 
+@pytest.mark.parametrize("method, flags, options", [("cdpruner", ["--relevance-weight", "0.5"],
+                                                    {"relevance_weight": 0.5}),
+                                                   ("dart", ["--pivots", "3"], {"pivots": 3})])
+def test_method_options_reach_the_selector(tiny_export, demo_image, pipe, capsys, method, flags, options):
+    """--relevance-weight / --pivots: the run keeps what Pipeline.generate keeps with the same option, and reports
+    the option in the result's options."""
+    code, out, err = _run(capsys, tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--budget", "16",
+                          "--method", method, *flags, "--max-new-tokens", "1", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    want = pipe.generate(demo_image, "What is shown?", budget=16, method=method, max_new_tokens=1, **options)
+    assert res["kept_indices"] == want.kept_indices.tolist()
+    assert {k: res["options"][k] for k in options} == options
+
+
 def test_plain_and_stream_output_match_and_full_budget(tiny_export, demo_image, capsys):
     args = [tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--max-new-tokens", "6",
             "--budget", "full"]
