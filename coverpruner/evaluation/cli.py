@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from coverpruner.evaluation.tasks import TASKS
+from coverpruner.selection import SELECTORS
 
 TASK_NAMES = sorted(TASKS) + sorted(a for t in TASKS.values() for a in t.aliases)
 
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--budgets", default="full,128,64,32",
                        help="comma-separated visual-token budgets; 'full' = no pruning (default full,128,64,32)")
     prune.add_argument("--methods", default="coverpruner",
-                       help="comma-separated selection methods (coverpruner, divprune, attention, uniform, random)")
+                       help=f"comma-separated selection methods ({', '.join(SELECTORS)}); e.g. "
+                            "coverpruner,divprune,dart,cdpruner for the paper's side-by-side table")
     prune.add_argument("--tau", type=float, default=None, help="demand temperature (default: the manifest's)")
     gen = run.add_argument_group("generation (greedy)")
     gen.add_argument("--max-new-tokens", type=int, default=None,

@@ -3,6 +3,7 @@
     coverpruner-run DIR (--image PATH --prompt TEXT | --messages CONV.json) [--budget N|full] [--method NAME]
                     [--demand turn|latest] [--max-images N] [--ignore-eos] [--prefix-cache-mb MB]
                     [--provider NAME] [--max-new-tokens N] [--stream] [--json] [--save-selection PNG]
+                    [method options: --relevance-weight W (cdpruner), --pivots P (dart)]
                     [family options, e.g. --newline-policy drop|keep]
 
 Exit codes: 0 ok, 2 bad input (one line on stderr: missing dir/manifest, unknown version, hash
@@ -22,6 +23,7 @@ from coverpruner.families import request_options
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.runtime.options import GenerationOptions
 from coverpruner.runtime.pipeline import METHODS, parse_budget
+from coverpruner.selection import METHOD_OPTIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run the coverpruner method with the dir's selector.onnx or in numpy "
                             "(default auto: selector.onnx when the dir has its standard-op form, numpy on CPU "
                             "above 2,048 candidates)")
+    for name, opt in sorted(METHOD_OPTIONS.items()):  # a method's own options (its registry declaration)
+        prune.add_argument("--" + name.replace("_", "-"), dest=f"method_{name}", type=type(opt.default),
+                           default=None, help=opt.help)
     gen = p.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="answer length limit (default 128)")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -168,7 +173,9 @@ def run(args) -> int:
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")
-    options = {k[len("family_"):]: v for k, v in vars(args).items() if k.startswith("family_") and v is not None}
+    # family options and the selection method's own options by their names (the pipeline tells them apart)
+    options = {k.split("_", 1)[1]: v for k, v in vars(args).items()
+               if k.startswith(("family_", "method_")) and v is not None}
     opts = GenerationOptions(budget=budget, method=method, tau=args.tau, demand=args.demand,
                              max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                              seed=args.seed, ignore_eos=args.ignore_eos, max_images=args.max_images, family=options)

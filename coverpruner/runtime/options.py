@@ -13,6 +13,8 @@ Bounds, and why:
 - seed: 0 .. 2**63 - 1 (numpy's generator refuses negatives; int64 bound for any backend).
 - max_new_tokens: 1 .. MAX_NEW_TOKENS (the context ends decoding long before).
 - temperature: finite, >= 0; top_p: finite, in (0, 1].
+- method options (coverpruner.selection's declarations: dart's pivots, cdpruner's relevance_weight): each
+  method's own check; an option of another method is refused by name (check_method_options).
 
 Each refusal is raised with ``param=`` the option's name (the server reports it as the OpenAI error's param).
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from coverpruner.runtime.errors import OptionError
-from coverpruner.selection import SELECTORS
+from coverpruner.selection import METHOD_OPTIONS, SELECTORS, method_options
 
 TAU_MAX = 64.0
 MAX_BUDGET = 2 ** 31 - 1
@@ -173,3 +175,24 @@ class GenerationOptions:
             family = given.get("family", base.family)
             given["family"] = {**family, **extra} if isinstance(family, Mapping) else family
         return dataclasses.replace(base, **given)
+
+
+def split_method_options(options: Mapping) -> tuple[dict, dict]:
+    """Request keywords -> (family options, method options): the names some selection method declares
+    (coverpruner.selection.METHOD_OPTIONS) go to the second dict."""
+    return ({k: v for k, v in options.items() if k not in METHOD_OPTIONS},
+            {k: v for k, v in options.items() if k in METHOD_OPTIONS})
+
+
+def check_method_options(method: str, given: dict) -> dict:
+    """The method options of ``method``: given values (checked) over its declared defaults -> {name: value}.
+    OptionError (one line, ``param`` the option) for an option the method does not take or a bad value; {} for an
+    unknown method (refused where it prunes)."""
+    if method not in METHODS:
+        return {}
+    for key, value in given.items():  # one at a time, so the refusal names the option it is about
+        try:
+            method_options(method, {key: value})
+        except ValueError as exc:
+            raise OptionError(str(exc), param=key) from None
+    return method_options(method, given)

@@ -42,16 +42,15 @@ from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import GenerationResult, ImageResult
 # METHODS and parse_budget are also imported from here by the CLIs
-from coverpruner.runtime.options import METHODS, GenerationOptions, check_method, check_tau, parse_budget  # noqa: F401
+from coverpruner.runtime.options import (METHODS, GenerationOptions, check_method, check_method_options,  # noqa: F401
+                                        check_tau, parse_budget, split_method_options)
 from coverpruner.runtime.sampling import SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder
-from coverpruner.selection import get_selector  # numpy path; torch only for torch tensors
+from coverpruner.selection import get_method, get_selector, uses_relevance  # numpy; torch only for torch tensors
 from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
 from coverpruner.video import VideoInput
 
-#: Methods that read the layer-0 demand; the probe graph runs only for these.
-_USES_RELEVANCE = {"coverpruner", "attention"}
 #: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
 #: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
 DEFAULT_PREFIX_CACHE_MB = 0
@@ -59,6 +58,11 @@ DEFAULT_PREFIX_CACHE_MB = 0
 
 def _selector(method: str):
     return get_selector(check_method(method))
+
+
+def _method_kwargs(request: Request) -> dict:
+    """The method options the request's selector takes (its registry declaration), from request.options."""
+    return {o.name: request.options.get(o.name, o.default) for o in get_method(request.method).options}
 
 
 def _video_facts(facts: dict) -> dict | None:
@@ -341,9 +345,12 @@ class Pipeline:
                               f"{self.max_positions} tokens", code="context_length_exceeded", param="prompt")
         return self._request(normalize(one_turn(image, prompt)), opts)
 
-    def _check_options(self, opts: GenerationOptions) -> None:
-        """What of the options the engine dir decides (the family's options), before any other work."""
-        self.resolve_options(opts.family)
+    def _check_options(self, opts: GenerationOptions) -> dict:
+        """What of the options the engine dir and the method decide, before any other work: the family's request
+        options resolved, and the selection method's own options (its registry declaration: dart's pivots,
+        cdpruner's relevance_weight), which ride among the keyword options -> {name: value} of both."""
+        family, given = split_method_options(opts.family)
+        return {**self.resolve_options(family), **check_method_options(opts.method, given)}
 
     def _request(self, conversation, opts: GenerationOptions) -> Request:
         """The Request of a normalised conversation under checked options (the manifest's tau default, the
@@ -352,7 +359,7 @@ class Pipeline:
         return Request(conversation, opts.budget, opts.method, tau, opts.max_new_tokens,
                        SamplingConfig(opts.temperature, opts.top_p, opts.seed),
                        frozenset() if opts.ignore_eos else frozenset(self.eos_ids),
-                       self.resolve_options(opts.family), opts.demand)
+                       self._check_options(opts), opts.demand)
 
     def _verified(self) -> None:
         """Wait for the background file check (first request only); ManifestError if a file changed."""
@@ -480,12 +487,12 @@ class Pipeline:
         n = len(feats)
         if request.method == "coverpruner" and relevance is not None and self.selector_for(n) == "onnx":
             return self.select_onnx(feats, relevance, request.budget, request.tau)
-        if relevance is None and request.method in _USES_RELEVANCE:
+        if relevance is None and uses_relevance(request.method):
             relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
         # selectors ignore options they do not use (tau: coverpruner, seed: random)
         return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
-                                                    budget=request.budget, tau=request.tau, seed=request.seed),
-                          dtype=np.int64)
+                                                    budget=request.budget, tau=request.tau, seed=request.seed,
+                                                    **_method_kwargs(request)), dtype=np.int64)
 
     def _select_windowed(self, request: Request, span, relevance, window: int) -> np.ndarray:
         """A video's selection within temporal windows of ``window`` temporal patches (the request option
@@ -494,11 +501,12 @@ class Pipeline:
         from coverpruner.selection.windowed import select_in_windows  # the windowed selection (selection layer)
 
         feats = np.asarray(span.features, np.float32)
-        if relevance is None and request.method in _USES_RELEVANCE:
+        if relevance is None and uses_relevance(request.method):
             relevance = np.ones(len(feats), dtype=np.float32)
         windows = (np.asarray(span.temporal, dtype=np.int64) // int(window)).astype(np.int64)
         return np.asarray(select_in_windows(_selector(request.method), feats, relevance, request.budget, windows,
-                                            tau=request.tau, seed=request.seed), dtype=np.int64)
+                                            tau=request.tau, seed=request.seed, **_method_kwargs(request)),
+                          dtype=np.int64)
 
     def select(self, request: Request, native: NativeSequence) -> Selection:
         """Per image: layer-0 demand from the probe (only for methods that read it; instruction tokens of its own
@@ -515,7 +523,7 @@ class Pipeline:
                 if cache.enabled and request.demand == "turn" else [None] * len(spans))
         found = [cache.get_selection(k) if k is not None else None for k in keys]
         relevance = {}
-        if request.method in _USES_RELEVANCE:
+        if uses_relevance(request.method):
             groups = {}
             for j in range(len(spans)):
                 instr = layout.instruction(j, request.demand)

@@ -123,6 +123,32 @@ def draw_conversation(images, results, min_side: int = 448, dim: float = 0.25) -
     return _side_by_side(views, gap=16)
 
 
+def draw_methods(image, selections: dict, min_side: int = 448, dim: float = 0.25) -> Image.Image:
+    """One picture comparing methods on one image: per method (in the dict's order) its draw_selection, side by
+    side, each titled with the method's name. selections: {method: (kept_indices int [m], panels)} (e.g. from
+    GenerationResult.kept_indices / .panels of one request per method)."""
+    if not selections:
+        raise ValueError("no selection to draw")
+    views = []
+    for method, (kept, panels) in selections.items():
+        view = draw_selection(image, kept, panels, min_side, dim)
+        titled = Image.new("RGB", (view.width, view.height + _CAPTION_H), (255, 255, 255))
+        titled.paste(view, (0, _CAPTION_H))
+        ImageDraw.Draw(titled).text((4, 2), f"{method}: {len(np.asarray(kept))} kept", fill=(0, 0, 0))
+        views.append(titled)
+    return _side_by_side(views, gap=16)
+
+
+def save_methods(path, image, selections: dict) -> Path:
+    """Write draw_methods(...) as a PNG at ``path`` (temp file + rename); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    draw_methods(image, selections).save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
 def save_conversation(path, images, results) -> Path:
     """Write draw_conversation(...) as a PNG at ``path`` (temp file + rename); returns the path."""
     path = Path(path)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.options import METHODS, parse_budget
+from coverpruner.selection import METHOD_OPTIONS
 from coverpruner.serving.errors import bad_request
 from coverpruner.serving.images import load_image_url
 from coverpruner.serving.schema import ChatCompletionRequest, extra_fields
@@ -32,10 +33,13 @@ DEFAULT_MAX_TOKENS = 128
 def pipeline_options(pipeline=None) -> dict:
     """Extra body fields the server accepts -> their defaults: the GenerationOptions fields serving.schema declares
     (EXTRA_FIELDS), plus the loaded family's request options when a pipeline is given
-    (``Pipeline.family_options()``)."""
+    (``Pipeline.family_options()``), plus every option a selection method declares (coverpruner.selection's
+    METHOD_OPTIONS: pivots, relevance_weight; the default depends on the method, and the pipeline refuses one the
+    request's method does not take)."""
     options = extra_fields()
     if pipeline is not None:
         options.update(pipeline.family_options())
+    options.update({name: None for name in METHOD_OPTIONS})
     return options
 
 

@@ -171,3 +171,21 @@ def test_score_command_matches_run_metrics(run_dir, datasets, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["task"] == "vqav2_val"
     assert printed["metrics"] == _metrics(run_dir, "vqav2_val", "16_uniform.json")["metrics"]
+
+
+def test_peer_methods_side_by_side(tiny_export, datasets, tmp_path):
+    """Issue 26: --methods coverpruner,divprune,dart,cdpruner writes one table and one plot with the four methods
+    at two budgets (random weights: the machinery, not accuracy)."""
+    methods = ["coverpruner", "divprune", "dart", "cdpruner"]
+    assert main(["run", str(tiny_export), "--task", "gqa", "--data", str(datasets["gqa"]), "--out", str(tmp_path),
+                 "--budgets", "full,32,16", "--methods", ",".join(methods), "--limit", "2",
+                 "--max-new-tokens", str(MAX_NEW), "--threads", "1", "--no-progress"]) == 0
+    table = (tmp_path / "results.md").read_text().splitlines()
+    for budget in (32, 16):
+        for method in methods:
+            gqa = 100 * _metrics(tmp_path, "gqa", f"{budget}_{method}.json")["metrics"]["exact_match"]
+            line = next(row for row in table if row.startswith(f"| {budget} | {method} |"))
+            assert line.split(" | ")[2] == f"{gqa:.1f}"
+    data = json.loads(Image.open(tmp_path / "accuracy_vs_budget.png").text["coverpruner-eval"])
+    assert set(data["gqa"]["methods"]) == set(methods)
+    assert all(sorted(b for b, _ in pts) == [16, 32] for pts in data["gqa"]["methods"].values())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from coverpruner.runtime import OptionError, Pipeline, PromptError
+from tests.literal_peers import cdpruner_reference, dart_reference
 
 pytestmark = pytest.mark.slow
 Q = "What is shown in this image?"
@@ -49,13 +50,32 @@ def test_seeded_sampling_reproduces(pipe, demo_image):
     assert pipe.generate(demo_image, Q, budget=32, max_new_tokens=12, seed=99).token_ids == greedy
 
 
-@pytest.mark.parametrize("method", ["attention", "uniform", "random"])
+@pytest.mark.parametrize("method", ["attention", "uniform", "random", "dart", "cdpruner"])
 def test_every_method_keeps_budget_sorted(pipe, demo_image, demo_n, method):
     r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, seed=3)
     k = r.kept_indices
     assert len(k) == 20 and np.all(np.diff(k) > 0) and k.min() >= 0 and k.max() < r.num_visual_tokens == demo_n
-    assert (r.relevance is not None) == (method == "attention")
-    assert r.timings["probe"] > 0 if method == "attention" else r.timings["probe"] == 0
+    reads_probe = method in ("attention", "cdpruner")
+    assert (r.relevance is not None) == reads_probe
+    assert r.timings["probe"] > 0 if reads_probe else r.timings["probe"] == 0
+
+
+@pytest.mark.parametrize("method, options", [("dart", {}), ("dart", {"pivots": 3}), ("cdpruner", {}),
+                                             ("cdpruner", {"relevance_weight": 0.5})])
+def test_peer_methods_keep_their_literal_references_tokens(pipe, demo_image, method, options):
+    """DART / CDPruner through the pipeline keep what tests/literal_peers.py keeps on the family's own V and
+    layer-0 relevance (the candidates' rows the selector saw), and report the options they ran with."""
+    request = pipe.request(demo_image, Q, budget=20, method=method, max_new_tokens=2, **options)
+    native = pipe.native_sequence(request)
+    feats = np.asarray(native.spans[0].features, np.float32)
+    r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, **options)
+    if method == "dart":
+        want = dart_reference(feats, 20, options.get("pivots", 8))
+    else:
+        want = cdpruner_reference(feats, r.relevance, 20, options.get("relevance_weight", 1.0))
+    np.testing.assert_array_equal(r.kept_indices, want)
+    assert r.options == {**pipe.family_options(), **{"dart": {"pivots": 8}, "cdpruner": {"relevance_weight": 1.0}}[
+        method], **options}
 
 
 def test_budget_at_least_n_equals_full(family, pipe, demo_image, demo_n):
@@ -86,7 +106,9 @@ def test_generation_stops_at_context_end(family, engine_copy, demo_image):
 
 @pytest.mark.parametrize("kw,msg", [(dict(budget="abc"), "budget must be"), (dict(budget=0), "budget must be"),
                                     (dict(max_new_tokens=0), "max_new_tokens"), (dict(method="nope"), "unknown method"),
-                                    (dict(temperature=-1.0), "temperature")])
+                                    (dict(temperature=-1.0), "temperature"),
+                                    (dict(method="cdpruner", relevance_weight=float("inf")), "relevance_weight must"),
+                                    (dict(method="dart", relevance_weight=0.5), "not taken by method 'dart'")])
 def test_bad_options_fail_before_work(pipe, demo_image, kw, msg):
     with pytest.raises(OptionError, match=msg):
         pipe.stream(demo_image, Q, **kw)

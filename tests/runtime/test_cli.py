@@ -33,6 +33,21 @@ def test_json_output_has_result_and_timings(tiny_export, demo_image, capsys):
     assert res["kept_indices"] == sorted(res["kept_indices"]) and "decode_tokens_per_s" in res
 
 
+@pytest.mark.parametrize("method, flags, options", [("cdpruner", ["--relevance-weight", "0.5"],
+                                                    {"relevance_weight": 0.5}),
+                                                   ("dart", ["--pivots", "3"], {"pivots": 3})])
+def test_method_options_reach_the_selector(tiny_export, demo_image, pipe, capsys, method, flags, options):
+    """--relevance-weight / --pivots: the run keeps what Pipeline.generate keeps with the same option, and reports
+    the option in the result's options."""
+    code, out, err = _run(capsys, tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--budget", "16",
+                          "--method", method, *flags, "--max-new-tokens", "1", "--json")
+    assert code == 0, err
+    res = json.loads(out)
+    want = pipe.generate(demo_image, "What is shown?", budget=16, method=method, max_new_tokens=1, **options)
+    assert res["kept_indices"] == want.kept_indices.tolist()
+    assert {k: res["options"][k] for k in options} == options
+
+
 def test_plain_and_stream_output_match_and_full_budget(tiny_export, demo_image, capsys):
     args = [tiny_export, "--image", demo_image, "--prompt", "What is shown?", "--max-new-tokens", "6",
             "--budget", "full"]
@@ -67,7 +82,7 @@ def test_save_selection_draws_kept_patches(tiny_export, demo_image, tmp_path, ca
 
 @pytest.mark.parametrize("case", ["missing_dir", "missing_manifest", "unknown_version", "sha_mismatch",
                                   "missing_image", "corrupt_image", "prompt_too_long", "unknown_method",
-                                  "unknown_provider", "bad_budget"])
+                                  "unknown_provider", "bad_budget", "bad_relevance_weight", "other_methods_option"])
 def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, capsys):
     engine, image, prompt, extra = engine_copy, demo_image, "What is shown?", []
     expect = {
@@ -76,6 +91,8 @@ def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, cap
         "missing_image": "image not found", "corrupt_image": "cannot read image",
         "prompt_too_long": "the context allows", "unknown_method": "unknown method 'fastv'",
         "unknown_provider": "unknown provider 'npu'", "bad_budget": "budget must be a positive integer or 'full'",
+        "bad_relevance_weight": "relevance_weight must be a finite number in [0, 1], got nan",
+        "other_methods_option": "option relevance_weight is not taken by method 'dart'",
     }[case]
     if case == "missing_dir":
         engine = tmp_path / "nowhere"
@@ -102,6 +119,10 @@ def test_errors_are_one_line_exit_2(case, engine_copy, demo_image, tmp_path, cap
         extra = ["--provider", "npu"]
     elif case == "bad_budget":
         extra = ["--budget", "-3"]
+    elif case == "bad_relevance_weight":
+        extra = ["--method", "cdpruner", "--relevance-weight", "nan"]
+    elif case == "other_methods_option":
+        extra = ["--method", "dart", "--relevance-weight", "0.5"]
     code, out, err = _run(capsys, engine, "--image", image, "--prompt", prompt, "--max-new-tokens", "2", *extra)
     assert code == 2
     lines = err.strip().splitlines()

@@ -17,6 +17,7 @@ from coverpruner.engines.ort import OrtSessionFactory
 from coverpruner.runtime import METHODS, GenerationOptions, OptionError, PromptError, Request
 from coverpruner.runtime.result import TIMING_KEYS
 from coverpruner.runtime.sampling import Sampler
+from tests.literal_peers import cdpruner_reference, dart_reference
 from tests.literal_selection import assert_same_or_not_worse, divprune_reference
 
 Q = "What is shown in this image?"
@@ -92,7 +93,7 @@ def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, b
     assert img.keep.dtype == np.int64 and len(img.keep) == min(budget, n)
     assert np.all(np.diff(img.keep) > 0) and img.keep[0] >= 0 and img.keep[-1] < n
     np.testing.assert_array_equal(img.kept_rows, span.candidates[img.keep])  # LLaVA: nothing always kept
-    if method in ("coverpruner", "attention"):
+    if method in ("coverpruner", "attention", "cdpruner"):
         assert img.relevance.shape == (n,) and img.relevance.dtype == np.float32
         assert set(sel.timings) == {"probe", "select"}
     else:
@@ -102,6 +103,10 @@ def test_select_keeps_min_budget_n_ascending(pipe, native, demo_image, method, b
         assert_same_or_not_worse(img.keep, feats, img.relevance, budget, pipe.manifest.defaults.get("tau", 0.3))
     elif method == "divprune":
         np.testing.assert_array_equal(img.keep, divprune_reference(feats, budget))
+    elif method == "dart":
+        np.testing.assert_array_equal(img.keep, dart_reference(feats, budget))
+    elif method == "cdpruner":
+        np.testing.assert_array_equal(img.keep, cdpruner_reference(feats, img.relevance, budget))
 
 
 def test_select_full_budget_keeps_every_row(pipe, native, demo_image):

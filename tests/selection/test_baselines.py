@@ -7,7 +7,7 @@ from coverpruner.selection import SELECTORS, coverage_select, get_selector
 
 
 def test_registry_names_and_unknown_name():
-    assert set(SELECTORS) == {"coverpruner", "divprune", "attention", "uniform", "random"}
+    assert set(SELECTORS) == {"coverpruner", "divprune", "attention", "uniform", "random", "dart", "cdpruner"}
     assert get_selector("coverpruner") is coverage_select
     with pytest.raises(ValueError, match="unknown selection method 'fastv'.*divprune"):
         get_selector("fastv")

@@ -23,6 +23,9 @@ def _stream_text(client, **kwargs):
     {"budget": 8, "method": "divprune"},
     {"budget": "full"},
     {"budget": 24, "tau": 0.7},
+    {"budget": 12, "method": "dart"},  # the peers' pruners (issue 26) and their own options
+    {"budget": 12, "method": "dart", "pivots": 3},
+    {"budget": 12, "method": "cdpruner", "relevance_weight": 0.5},
 ])
 def test_non_streaming_equals_generate(client, reference, demo_png, options):
     want = reference.generate(Image.open(io.BytesIO(demo_png)), PROMPT, max_new_tokens=12, **options)
