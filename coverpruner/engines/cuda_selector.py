@@ -17,9 +17,11 @@ import ctypes
 import os
 from pathlib import Path
 
+from coverpruner.engines.native_build import preload_cublas
+
 CP_DTYPE_FLOAT32 = 0
 CP_DTYPE_FLOAT16 = 1
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: keep_length_device is int32
 _STATUS = {0: "CP_OK", 1: "CP_ERR_INVALID_ARGUMENT", 2: "CP_ERR_WORKSPACE_TOO_SMALL", 3: "CP_ERR_CUDA",
            4: "CP_ERR_CUBLAS"}
 _DEFAULT_LIB = Path("build") / "csrc" / "libcoverpruner_selector.so"
@@ -43,6 +45,7 @@ def find_selector_library(lib_path: str | os.PathLike | None = None) -> Path:
 def load_selector_library(lib_path: str | os.PathLike | None = None) -> ctypes.CDLL:
     """Loads the library and declares the C signatures of coverpruner/coverage_select.h."""
     path = find_selector_library(lib_path)
+    preload_cublas()
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:  # usually a missing libcudart/libcublas

@@ -59,7 +59,7 @@ class Emulated:
         ws[:ws_bytes] = fill
         cap = batch * n if device_budget else batch * max(min(budget, n), 0)
         keep = np.full(cap + 16, SENTINEL, np.int64)
-        keep_length = np.array([SENTINEL, SENTINEL], np.int64)
+        keep_length = np.array([SENTINEL, SENTINEL], np.int32)
         budget_dev = np.array([budget, SENTINEL], np.int64)
         rr = None if r is None else np.ascontiguousarray(r, np.float32)
         status = self.lib.cp_coverage_select(

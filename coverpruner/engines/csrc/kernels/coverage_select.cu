@@ -236,7 +236,7 @@ __device__ __forceinline__ int device_keep_count(int64_t const* budget_device, i
 __global__ void prepare_greedy(float const* __restrict__ sim_all, float const* __restrict__ relevance_all,
     float tau_host, float const* __restrict__ tau_device, int64_t budget_host,
     int64_t const* __restrict__ budget_device, int n, Scratch s, int64_t* __restrict__ keep_all,
-    int64_t* __restrict__ keep_length)
+    int32_t* __restrict__ keep_length)
 {
     CP_DEVICE_BLOCK(blk);
     const size_t b = blockIdx.x;
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) greedy_select(float const* 
 }
 
 // budget >= n keeps every token: keep[b, i] = i.
-__global__ void iota_rows(int64_t* keep, int n, size_t total, int64_t* keep_length)
+__global__ void iota_rows(int64_t* keep, int n, size_t total, int32_t* keep_length)
 {
     const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx < total)
@@ -308,7 +308,7 @@ extern "C" int cp_abi_version(void) { return CP_ABI_VERSION; }
 
 extern "C" int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
     int64_t d, int64_t budget, const int64_t* budget_device, float tau, const float* tau_device, int64_t* keep,
-    int64_t* keep_length_device, void* workspace, size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
+    int32_t* keep_length_device, void* workspace, size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
 {
     g_last_error.clear();
     if (batch < 0 || n < 0 || d < 0 || (budget_device == nullptr && budget < 0))
@@ -338,13 +338,13 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
             err = cudaGetLastError();
         }
         else if (keep_length_device != nullptr)
-            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int32_t), stream);
         return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("trivial budget: ") + cudaGetErrorString(err));
     }
     if (batch == 0 || n == 0)
     {
         if (keep_length_device != nullptr)
-            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int32_t), stream);
         return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("empty input: ") + cudaGetErrorString(err));
     }
     if (keep == nullptr || features == nullptr)

@@ -149,7 +149,9 @@ public:
             return -1;
         (void) inputTypes;
         outputTypes[0] = DataType::kINT64; // keep
-        outputTypes[1] = DataType::kINT64; // keep_length (size tensors must be int64)
+        // keep_length: NvInferRuntime.h (10.0 through 11.1) documents that "the data type for any size tensor
+        // outputs must be DataType::kINT32"; int64 size tensors are only accepted by newer releases.
+        outputTypes[1] = DataType::kINT32;
         return 0;
     }
 
@@ -238,7 +240,7 @@ public:
         int const status = cp_coverage_select(inputs[kPosFeatures], dtype,
             static_cast<float const*>(inputs[kPosRelevance]), batch, n, d, 0,
             static_cast<int64_t const*>(inputs[kPosBudget]), 0.f, static_cast<float const*>(inputs[kPosTau]),
-            static_cast<int64_t*>(outputs[0]), static_cast<int64_t*>(outputs[1]), workspace, bytes, stream, nullptr);
+            static_cast<int64_t*>(outputs[0]), static_cast<int32_t*>(outputs[1]), workspace, bytes, stream, nullptr);
         if (status != CP_OK)
         {
             log_error(std::string(cp_status_string(status)) + ": " + cp_last_error());

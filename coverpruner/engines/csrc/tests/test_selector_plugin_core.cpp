@@ -139,10 +139,12 @@ void test_types()
     CHECK(!supports_type(kPosTau, DType::kInt64, true, DType::kFloat32));
     CHECK(supports_type(kPosKeep, DType::kInt64, true, DType::kFloat16));
     CHECK(!supports_type(kPosKeep, DType::kInt32, true, DType::kFloat32));
-    CHECK(supports_type(kPosKeepLength, DType::kInt64, true, DType::kFloat32));
-    CHECK(!supports_type(kPosKeepLength + 1, DType::kInt64, true, DType::kFloat32));
+    CHECK(supports_type(kPosKeepLength, DType::kInt32, true, DType::kFloat32)); // size tensor: int32
+    CHECK(!supports_type(kPosKeepLength, DType::kInt64, true, DType::kFloat32));
+    CHECK(!supports_type(kPosKeep, DType::kInt32, true, DType::kFloat32));
+    CHECK(!supports_type(kPosKeepLength + 1, DType::kInt32, true, DType::kFloat32));
     CHECK(!supports_type(-1, DType::kFloat32, true, DType::kFloat32));
-    CHECK(output_type(0) == DType::kInt64 && output_type(1) == DType::kInt64 && output_type(2) == DType::kOther);
+    CHECK(output_type(0) == DType::kInt64 && output_type(1) == DType::kInt32 && output_type(2) == DType::kOther);
     CHECK(kNbInputs == 4 && kNbOutputs == 2 && kPosKeep == kNbInputs);
 }
 

@@ -50,7 +50,7 @@ CP_API size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, in
  *   tau_device     float32 scalar on the device (the plugin's `tau` input), or NULL
  *   keep           [batch, m]     int64 device output, each row sorted ascending; sized for the
  *                  largest possible m (n) when the budget is on the device
- *   keep_length_device  int64 scalar on the device that receives m, or NULL
+ *   keep_length_device  int32 scalar on the device that receives m, or NULL (int32: TensorRT size tensors)
  *   workspace      device buffer of at least cp_coverage_workspace_size(batch, n, d, dtype) bytes
  *                  (may be NULL when a host budget is 0 or >= n: no similarity is computed)
  *   stream         cudaStream_t or NULL (legacy default stream)
@@ -59,7 +59,7 @@ CP_API size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, in
  */
 CP_API int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
                               int64_t d, int64_t budget, const int64_t* budget_device, float tau,
-                              const float* tau_device, int64_t* keep, int64_t* keep_length_device, void* workspace,
+                              const float* tau_device, int64_t* keep, int32_t* keep_length_device, void* workspace,
                               size_t workspace_bytes, void* stream, void* cublas);
 
 /* Name of a cp_status value ("CP_OK", ...). */
@@ -71,7 +71,7 @@ CP_API const char* cp_last_error(void);
 /* ABI version of this library; bumped when a signature above changes. */
 CP_API int cp_abi_version(void);
 
-#define CP_ABI_VERSION 1 /* cp_abi_version() returns this */
+#define CP_ABI_VERSION 2 /* cp_abi_version() returns this; 2: keep_length_device is int32 */
 
 #ifdef __cplusplus
 }
