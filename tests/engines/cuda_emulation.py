@@ -93,7 +93,9 @@ def build_selector(out_dir: Path, runtime_objs: list[Path],
             (src_dir / name).write_text(text)
     includes = [f"-I{EMU_DIR / 'include'}", f"-I{src_dir}", f"-I{CSRC_DIR / 'include'}"]
     lib = out_dir / "libcoverpruner_selector_emu.so"
-    _compile(["g++", *CXXFLAGS, *(f"-D{d}" for d in defines), "-shared", *includes,
+    # -Bsymbolic: the emulated cuBLAS/CUDA calls bind to this library's own definitions even where the real
+    # libcublas was loaded RTLD_GLOBAL first (native_build.preload_cublas)
+    _compile(["g++", *CXXFLAGS, *(f"-D{d}" for d in defines), "-shared", "-Wl,-Bsymbolic", *includes,
               str(src_dir / "coverage_select.cpp"), str(src_dir / "similarity_gemm.cpp"),
               *map(str, runtime_objs), "-o", str(lib)])
     return lib

@@ -44,13 +44,21 @@ class Emulated:
         self.lib = load_selector_library(path)
         self.lib.cp_emu_fault.restype = ctypes.c_char_p
         self.lib.cp_emu_set_order.argtypes = [ctypes.c_int, ctypes.c_uint]
+        self.lib.cp_emu_live_cublas_handles.restype = ctypes.c_long
+        self.lib.cp_emu_synchronizations.restype = ctypes.c_long
+        self.lib.cp_emu_launches.restype = ctypes.c_long
 
     def run(self, v: np.ndarray, r: np.ndarray | None, budget: int, *, device_budget: bool = False,
-            tau: float = 0.3, fill: int = 0x00, order: str = "forward") -> RunResult:
+            tau: float = 0.3, fill: int = 0x00, order: str = "forward", stream: int | None = None,
+            cublas: int | None = None, capturing: bool = False, pending_error: int = 0) -> RunResult:
         """v: [B, n, d] float32 / float16; r: [B, n] float32 or None. Runs cp_coverage_select with guard bytes
-        after the workspace and each output, and checks they are untouched."""
+        after the workspace and each output, and checks they are untouched. stream / cublas: the pointers passed
+        (any non-NULL value names a stream here); capturing: every stream reports an active graph capture;
+        pending_error: a cudaError_t left pending before the call."""
         self.lib.cp_emu_reset()
         self.lib.cp_emu_set_order(*ORDERS[order])
+        self.lib.cp_emu_set_capturing(int(capturing))
+        self.lib.cp_emu_set_pending_error(pending_error)
         v = np.ascontiguousarray(v)
         batch, n, d = v.shape
         dtype = 1 if v.dtype == np.float16 else 0
@@ -65,7 +73,7 @@ class Emulated:
         status = self.lib.cp_coverage_select(
             v.ctypes.data, dtype, None if rr is None else rr.ctypes.data, batch, n, d, budget,
             budget_dev.ctypes.data if device_budget else None, tau, None, keep.ctypes.data,
-            keep_length.ctypes.data, ws.ctypes.data, ws_bytes, None, None)
+            keep_length.ctypes.data, ws.ctypes.data, ws_bytes, stream, cublas)
         fault = self.lib.cp_emu_fault().decode()
         assert fault == "", f"emulation fault: {fault}"
         assert np.all(ws[ws_bytes:] == GUARD), "the kernels wrote past the end of the workspace"
@@ -247,6 +255,65 @@ def test_workspace_contents_do_not_matter(emu, fill):
     keep = check_picks(res, v, r, budget)
     ref = emu.run(v, r, budget, fill=0x5C, order="random")
     np.testing.assert_array_equal(keep, check_picks(ref, v, r, budget))
+
+
+# --- cuBLAS handles, CUDA-graph capture, checked mode, error attribution ---------------------------------------
+def test_cublas_handles_one_per_stream_released_at_teardown(emu):
+    lib = emu.lib
+    lib.cp_release_handles()
+    assert lib.cp_emu_live_cublas_handles() == 0
+    v = make_features("random", 1, 40, 8, seed=1)
+    for stream in (None, None, 0x1000, 0x1000, 0x2000):
+        check_picks(emu.run(v, None, 10, stream=stream), v, None, 10)
+    assert lib.cp_emu_live_cublas_handles() == 3, "one handle per (device, stream), reused across calls"
+    assert lib.cp_release_handles() == 3 and lib.cp_emu_live_cublas_handles() == 0
+    # a caller's own handle is used as given: the library creates none
+    own = ctypes.c_void_p()
+    assert lib.cublasCreate(ctypes.byref(own)) == 0
+    check_picks(emu.run(v, None, 10, cublas=own.value), v, None, 10)
+    assert lib.cp_emu_live_cublas_handles() == 1
+    assert lib.cublasDestroy(own) == 0
+
+
+def test_graph_capture_never_creates_a_handle_or_synchronises(emu):
+    lib = emu.lib
+    lib.cp_release_handles()
+    v = make_features("random", 1, 40, 8, seed=2)
+    lib.cp_set_checked_mode(1)
+    try:
+        res = emu.run(v, None, 10, stream=0x3000, capturing=True)
+        assert res.status == 4 and "captured into a CUDA graph" in res.error, (res.status, res.error)
+        assert lib.cp_emu_live_cublas_handles() == 0
+        check_picks(emu.run(v, None, 10, stream=0x3000), v, None, 10)  # warm-up outside capture makes the handle
+        res = emu.run(v, None, 10, stream=0x3000, capturing=True)
+        check_picks(res, v, None, 10)
+        assert lib.cp_emu_synchronizations() == 0, "checked mode synchronised a capturing stream"
+    finally:
+        lib.cp_set_checked_mode(0)
+        lib.cp_release_handles()
+
+
+def test_checked_mode_synchronises_after_every_launch(emu):
+    lib = emu.lib
+    v = make_features("random", 1, 40, 8, seed=3)
+    check_picks(emu.run(v, None, 10), v, None, 10)
+    assert lib.cp_emu_synchronizations() == 0  # off by default
+    lib.cp_set_checked_mode(1)
+    try:
+        check_picks(emu.run(v, None, 10), v, None, 10)
+        # normalize, GEMM, centre, prepare, initial gains, greedy: every kernel launch and the GEMM
+        assert lib.cp_emu_synchronizations() == lib.cp_emu_launches() + 1 == 6
+    finally:
+        lib.cp_set_checked_mode(0)
+
+
+def test_an_earlier_pending_error_is_not_blamed_on_a_kernel(emu):
+    v = make_features("random", 1, 40, 8, seed=4)
+    res = emu.run(v, None, 10, pending_error=1)  # cudaErrorInvalidValue from someone's earlier call
+    assert res.status == 3 and "pending before cp_coverage_select" in res.error, res.error
+    assert "normalize_rows" not in res.error and emu.lib.cp_emu_launches() == 0
+    res = emu.run(v, None, 10)  # the error was consumed: the next call runs
+    check_picks(res, v, None, 10)
 
 
 # --- mutants: each must be caught ---------------------------------------------------------------------------------

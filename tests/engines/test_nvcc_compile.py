@@ -1,5 +1,6 @@
-"""Compile checks of the CUDA sources for every default architecture of the CMakeLists (sm_80 ... sm_120), the
-cuBLAS glue and the TensorRT plugin. They need no GPU; only a missing compiler (or headers, for the glue and the plugin) skips."""
+"""Compile checks of the CUDA sources for every default architecture of the CMakeLists (sm_80 ... sm_120),
+the cuBLAS glue and the TensorRT plugin. They need no GPU; only a missing compiler (or headers, for the glue and
+the plugin) skips."""
 
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def test_kernels_compile_for_every_default_architecture(tmp_path):
         gencode += ["-gencode", f"arch=compute_{num},code={code}"]
     obj = tmp_path / "coverage_select.o"
     cmd = [str(NVCC), "-c", "-std=c++17", "--threads", "0", f"-I{CSRC_DIR / 'include'}", f"-I{CSRC_DIR / 'kernels'}",
-           *gencode, "-Xptxas", "-warn-spills", "-Werror", "all-warnings", str(CSRC_DIR / "kernels" / "coverage_select.cu"),
-           "-o", str(obj)]
+           *gencode, "-Xptxas", "-warn-spills", "-Werror", "all-warnings",
+           str(CSRC_DIR / "kernels" / "coverage_select.cu"), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert obj.stat().st_size > 0

@@ -54,7 +54,9 @@ CP_API size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, in
  *   workspace      device buffer of at least cp_coverage_workspace_size(batch, n, d, dtype) bytes
  *                  (may be NULL when a host budget is 0 or >= n: no similarity is computed)
  *   stream         cudaStream_t or NULL (legacy default stream)
- *   cublas         cublasHandle_t or NULL (a per-thread handle is created on first use)
+ *   cublas         cublasHandle_t or NULL: the library then uses its own handle for (current device, stream),
+ *                  created on the first call on that stream (not allowed while the stream is being captured
+ *                  into a CUDA graph: run once before capturing) and destroyed by cp_release_handles()
  * Returns a cp_status; cp_last_error() then describes the problem in words.
  */
 CP_API int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
@@ -67,6 +69,20 @@ CP_API const char* cp_status_string(int status);
 
 /* Message of the last failure on the calling thread ("" when none). */
 CP_API const char* cp_last_error(void);
+
+/* Checked mode: 1 synchronises the stream after every launch so an error raised while a kernel runs names that
+ * kernel (slower; for debugging a device). Default: COVERPRUNER_CUDA_CHECKED=1 in the environment, else off. */
+CP_API void cp_set_checked_mode(int on);
+
+/* Destroys the cuBLAS handles the library created for calls with cublas == NULL (teardown, before the CUDA
+ * context goes away); returns how many. Later calls create new ones. */
+CP_API int cp_release_handles(void);
+
+/* A cuBLAS handle for cp_coverage_select's `cublas` argument, on the current device (CP_OK or CP_ERR_CUBLAS),
+ * and its destruction; for callers without cuBLAS headers (the TensorRT plugin creates one per execution
+ * context, outside any graph capture, and destroys it with the context). */
+CP_API int cp_cublas_create(void** handle);
+CP_API void cp_cublas_destroy(void* handle);
 
 /* ABI version of this library; bumped when a signature above changes. */
 CP_API int cp_abi_version(void);

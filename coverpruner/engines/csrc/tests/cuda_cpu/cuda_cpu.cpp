@@ -92,6 +92,8 @@ struct Scheduler
     cudaError_t last = cudaSuccess;   // cudaGetLastError's value
     std::string fault;
     long launches = 0;
+    long synchronizations = 0;
+    bool capturing = false;
 };
 
 thread_local Scheduler g;
@@ -406,6 +408,7 @@ char const* cudaGetErrorString(cudaError_t err)
     case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorLaunchFailure: return "unspecified launch failure (emulation fault)";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
     }
     return "unknown error";
 }
@@ -420,8 +423,27 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t)
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return g.sticky; }
-cudaError_t cudaDeviceSynchronize() { return g.sticky; }
+cudaError_t cudaStreamSynchronize(cudaStream_t)
+{
+    ++g.synchronizations;
+    if (g.capturing)
+        return cudaErrorStreamCaptureUnsupported;
+    return g.sticky;
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaStreamSynchronize(nullptr); }
+
+cudaError_t cudaGetDevice(int* device)
+{
+    *device = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* status)
+{
+    *status = g.capturing ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
 
 extern "C" void cp_emu_set_order(int order, unsigned seed)
 {
@@ -435,7 +457,14 @@ extern "C" void cp_emu_reset(void)
 {
     g.fault.clear();
     g.sticky = g.last = cudaSuccess;
-    g.launches = 0;
+    g.launches = g.synchronizations = 0;
+    g.capturing = false;
 }
+
+extern "C" void cp_emu_set_capturing(int on) { g.capturing = on != 0; }
+
+extern "C" void cp_emu_set_pending_error(int err) { g.last = static_cast<cudaError_t>(err); }
+
+extern "C" long cp_emu_synchronizations(void) { return g.synchronizations; }
 
 extern "C" long cp_emu_launches(void) { return g.launches; }

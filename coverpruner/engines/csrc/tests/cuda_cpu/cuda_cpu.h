@@ -54,6 +54,7 @@ enum cudaError_t
     cudaSuccess = 0,
     cudaErrorInvalidValue = 1,
     cudaErrorInvalidConfiguration = 9,
+    cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorLaunchFailure = 719, // what a device reports after a kernel fault (sticky)
 };
 
@@ -148,9 +149,21 @@ char const* cudaGetErrorString(cudaError_t err);
 cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t stream = nullptr);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetDevice(int* device);
+enum cudaStreamCaptureStatus
+{
+    cudaStreamCaptureStatusNone = 0,
+    cudaStreamCaptureStatusActive = 1
+};
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status);
 
 // Test hooks (extern "C" so ctypes reaches them): thread order, the last fault's description, reset.
 extern "C" void cp_emu_set_order(int order, unsigned seed);
 extern "C" char const* cp_emu_fault(void);
 extern "C" void cp_emu_reset(void);
 extern "C" long cp_emu_launches(void);
+// Every stream reports an active capture (1) or none (0); synchronising a capturing stream is an error, as on a
+// device. cp_emu_set_pending_error leaves a (non-sticky) error for cudaGetLastError, as a failed earlier call would.
+extern "C" void cp_emu_set_capturing(int on);
+extern "C" void cp_emu_set_pending_error(int err);
+extern "C" long cp_emu_synchronizations(void);

@@ -33,6 +33,7 @@ typedef enum
     CUBLAS_GEMM_DEFAULT = -1
 } cublasGemmAlgo_t;
 
+extern "C" { // C linkage, as the real cuBLAS API (ctypes reaches it too)
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
@@ -41,6 +42,7 @@ cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation
     int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype, int lda, long long strideA,
     const void* B, cudaDataType Btype, int ldb, long long strideB, const void* beta, void* C, cudaDataType Ctype,
     int ldc, long long strideC, int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo);
+}
 
 // Test hook: cuBLAS handles created and not yet destroyed.
 extern "C" long cp_emu_live_cublas_handles(void);
