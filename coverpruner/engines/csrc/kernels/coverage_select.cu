@@ -455,7 +455,9 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     Scratch scratch;
     scratch.weights = reinterpret_cast<float*>(ws + layout.weights);
     scratch.cover = reinterpret_cast<float*>(ws + layout.cover);
-    scratch.gain = reinterpret_cast<double*>(ws + layout.gain);
+    scratch.gain = reinterpret_cast<float*>(ws + layout.gain);
+    scratch.gain_error = reinterpret_cast<float*>(ws + layout.gain_error);
+    scratch.fresh = reinterpret_cast<double*>(ws + layout.fresh);
     scratch.changed_row = reinterpret_cast<int*>(ws + layout.changed_row);
     scratch.changed_old = reinterpret_cast<float*>(ws + layout.changed_old);
     scratch.changed_new = reinterpret_cast<float*>(ws + layout.changed_new);
