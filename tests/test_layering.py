@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("coverpruner.testing",),  # random checkpoints: test tooling over families + export
     ("coverpruner.runtime",),
     ("coverpruner.serving", "coverpruner.evaluation", "coverpruner.demo"),
+    ("coverpruner.doctor",),  # verifies a device: runs the demo's tiny engine dir on every provider
 ]
 FAMILIES = "coverpruner.families"
 

@@ -17,9 +17,11 @@ import ctypes
 import os
 from pathlib import Path
 
+from coverpruner.engines.native_build import preload_cublas
+
 CP_DTYPE_FLOAT32 = 0
 CP_DTYPE_FLOAT16 = 1
-ABI_VERSION = 1
+ABI_VERSION = 2  # 2: keep_length_device is int32
 _STATUS = {0: "CP_OK", 1: "CP_ERR_INVALID_ARGUMENT", 2: "CP_ERR_WORKSPACE_TOO_SMALL", 3: "CP_ERR_CUDA",
            4: "CP_ERR_CUBLAS"}
 _DEFAULT_LIB = Path("build") / "csrc" / "libcoverpruner_selector.so"
@@ -43,6 +45,7 @@ def find_selector_library(lib_path: str | os.PathLike | None = None) -> Path:
 def load_selector_library(lib_path: str | os.PathLike | None = None) -> ctypes.CDLL:
     """Loads the library and declares the C signatures of coverpruner/coverage_select.h."""
     path = find_selector_library(lib_path)
+    preload_cublas()
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:  # usually a missing libcudart/libcublas
@@ -68,14 +71,38 @@ def load_selector_library(lib_path: str | os.PathLike | None = None) -> ctypes.C
     lib.cp_status_string.argtypes = [ctypes.c_int]
     lib.cp_last_error.restype = ctypes.c_char_p
     lib.cp_last_error.argtypes = []
+    lib.cp_set_checked_mode.restype = None
+    lib.cp_set_checked_mode.argtypes = [ctypes.c_int]
+    lib.cp_release_handles.restype = ctypes.c_int
+    lib.cp_release_handles.argtypes = []
     return lib
+
+
+def relevance_rows(relevance, batch: int, n: int, device):
+    """relevance (tensor or array-like, [n] or [batch, n]) -> contiguous float32 [batch, n] on `device`; a 1-D
+    relevance applies to every problem of the batch. ValueError naming both shapes otherwise."""
+    import torch
+
+    r = torch.as_tensor(relevance, device=device, dtype=torch.float32)
+    if tuple(r.shape) not in ((n,), (batch, n)):
+        raise ValueError(f"relevance must be [{n}] or [{batch}, {n}] to match features [{batch}, {n}, d], "
+                         f"got {list(r.shape)}")
+    return r.expand(batch, n).contiguous()
 
 
 class CudaCoverageSelector:
     """Coverage selection on the GPU through the C API; same contract as coverpruner.selection.coverage_select."""
 
-    def __init__(self, lib_path: str | os.PathLike | None = None):
+    def __init__(self, lib_path: str | os.PathLike | None = None, checked: bool | None = None):
+        """checked: synchronise after every kernel so a failure names its kernel (slow; None keeps the library's
+        setting, COVERPRUNER_CUDA_CHECKED=1 in the environment turns it on)."""
         self.lib = load_selector_library(lib_path)
+        if checked is not None:
+            self.lib.cp_set_checked_mode(int(bool(checked)))
+
+    def release_handles(self) -> int:
+        """Destroys the cuBLAS handles the library made for its streams (teardown); returns how many."""
+        return int(self.lib.cp_release_handles())
 
     def workspace_size(self, batch: int, n: int, d: int, dtype: int = CP_DTYPE_FLOAT32) -> int:
         """Bytes of device workspace for features [batch, n, d] of `dtype` (CP_DTYPE_*)."""
@@ -96,7 +123,8 @@ class CudaCoverageSelector:
             raise CudaSelectorError(f"cp_coverage_select: {name}: {self.lib.cp_last_error().decode()}")
 
     def __call__(self, features, relevance=None, budget: int = 64, tau: float = 0.3):
-        """features: torch CUDA tensor [n, d] or [B, n, d], float32 or float16. relevance: [n] / [B, n] or None.
+        """features: torch CUDA tensor [n, d] or [B, n, d], float32 or float16. relevance: [n] / [B, n] or None
+        (any array-like; a 1-D [n] relevance with a batch applies to every problem of the batch).
 
         Returns int64 [m] / [B, m] on the features' device, each row ascending, m = min(budget, n). Runs on the
         current torch stream (no synchronisation).
@@ -115,14 +143,7 @@ class CudaCoverageSelector:
         v = features.unsqueeze(0) if squeeze else features
         v = v.contiguous()
         batch, n, d = v.shape
-        r = None
-        if relevance is not None:
-            r = torch.as_tensor(relevance, device=v.device, dtype=torch.float32)
-            r = r.unsqueeze(0) if r.dim() == 1 else r
-            if tuple(r.shape) != (batch, n):
-                raise ValueError(f"relevance must be [{n}] or [{batch}, {n}] to match features, "
-                                 f"got {tuple(relevance.shape)}")
-            r = r.contiguous()
+        r = None if relevance is None else relevance_rows(relevance, batch, n, v.device)
         m = min(budget, n)
         keep = torch.empty((batch, m), dtype=torch.int64, device=v.device)
         dtype = CP_DTYPE_FLOAT16 if v.dtype == torch.float16 else CP_DTYPE_FLOAT32

@@ -11,7 +11,9 @@ Search order for each piece (first hit wins):
 
 from __future__ import annotations
 
+import ctypes
 import os
+import re
 import shutil
 import site
 import subprocess
@@ -85,6 +87,22 @@ def find_cublas() -> tuple[Path | None, Path | None]:
     return None, None
 
 
+def preload_cublas() -> None:
+    """Loads libcublas (RTLD_GLOBAL) before the selector or plugin library is opened, so their NEEDED
+    libcublas.so.N resolves by soname also where cuBLAS comes from pip's nvidia-cublas wheel, whose lib/ is on no
+    loader path (the libraries carry no RUNPATH to a build or site-packages dir, so an engine dir can travel).
+    A cuBLAS the loader finds by itself is preferred; failures are left to the library's own load error."""
+    _, lib = find_cublas()
+    if lib is None:
+        return
+    for name in (lib.name, str(lib)):
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return
+        except OSError:
+            continue
+
+
 def find_tensorrt_include() -> Path | None:
     roots = []
     if os.environ.get("TENSORRT_ROOT"):
@@ -103,9 +121,30 @@ class NativeLibs:
     plugin: Path | None  # libcoverpruner_trt_plugin.so (only where TensorRT headers were found)
 
 
-def build_native(build_dir: str | Path, cuda_architectures: str = "87;90", with_cuda: bool = True,
+def cmake_version() -> tuple[int, ...] | None:
+    """(major, minor, patch) of the cmake on PATH, or None."""
+    if shutil.which("cmake") is None:
+        return None
+    out = subprocess.run(["cmake", "--version"], capture_output=True, text=True).stdout
+    match = re.search(r"version (\d+)\.(\d+)(?:\.(\d+))?", out)
+    return tuple(int(g or 0) for g in match.groups()) if match else None
+
+
+def native_architecture(compute_capability: str | None) -> str | None:
+    """CMAKE_CUDA_ARCHITECTURES for "this machine's GPU": `native` where CMake understands it (>= 3.24),
+    else the device's compute capability ("8.7" -> "87"; Ubuntu 22.04 and JetPack 6 ship CMake 3.22)."""
+    version = cmake_version()
+    if version is not None and version >= (3, 24):
+        return "native"
+    return compute_capability.replace(".", "") if compute_capability else None
+
+
+def build_native(build_dir: str | Path, cuda_architectures: str | None = None, with_cuda: bool = True,
                  tensorrt_root: str | Path | None = None, jobs: int = 2) -> NativeLibs:
-    """Configure and build csrc/ into build_dir (incremental). Returns the libraries that were built."""
+    """Configure and build csrc/ into build_dir (incremental). Returns the libraries that were built.
+
+    cuda_architectures: CMAKE_CUDA_ARCHITECTURES ("87", "87;90", "native" with CMake >= 3.24); None: the
+    CMakeLists default (sm_80 ... sm_120 as far as this nvcc supports them, PTX for the newest)."""
     build_dir = Path(build_dir)
     if shutil.which("cmake") is None:
         raise NativeBuildError("cmake not found on PATH (needed to build coverpruner/engines/csrc)")
@@ -115,7 +154,9 @@ def build_native(build_dir: str | Path, cuda_architectures: str = "87;90", with_
         nvcc = find_nvcc()
         if nvcc is None:
             raise NativeBuildError("nvcc not found ($CUDACXX, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin)")
-        args += [f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}"]
+        args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
+        if cuda_architectures:
+            args.append(f"-DCMAKE_CUDA_ARCHITECTURES={cuda_architectures}")
         inc, lib = find_cublas()
         if inc is None:
             raise NativeBuildError("cublas_v2.h not found: install the CUDA toolkit's cuBLAS or "

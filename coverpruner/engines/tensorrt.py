@@ -32,6 +32,7 @@ from coverpruner.engine_dir import read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.filehash import sha256_file
 from coverpruner.staged_dir import StagedDir
+from coverpruner.engines.native_build import preload_cublas
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 FLAVOURS = ("tensorrt", "tensorrt_rtx")
@@ -203,6 +204,7 @@ def load_plugin_library(trt: TrtModule, path: Path, logger=None) -> None:
         raise TensorRTBuildError(f"plugin library {path} does not exist")
     if logger is not None:
         trt.module.Builder(logger)  # a live logger first, so the registry reports load errors
+    preload_cublas()
     handle = trt.module.get_plugin_registry().load_library(key)
     if handle is None:
         raise TensorRTBuildError(f"TensorRT could not load the plugin library {path} (see the TensorRT log: "

@@ -6,7 +6,7 @@
 Inputs  image_features [n, d] float32|float16, relevance [n] float32, budget int64 scalar, tau float32 scalar
 Output  keep [m] int64, ascending, m = min(budget, n)            (the tensor names of docs/engine-dir.md)
 
-The node has a second output, keep_length (int64 scalar, = m): TensorRT plugins with data-dependent output
+The node has a second output, keep_length (int32 scalar, = m: TensorRT size tensors are int32): TensorRT plugins with data-dependent output
 shapes report the length through such a size tensor. It is not a graph output. The budget is a runtime tensor
 read on the GPU, so one engine serves every budget.
 """
@@ -60,7 +60,7 @@ def build_selector_plugin_model(float_dtype: str = "float32", opset: int = 17,
         "coverage_selector_plugin",
         inputs=selector_inputs(float_dtype),
         outputs=selector_outputs(),
-        value_info=[helper.make_tensor_value_info("keep_length", TensorProto.INT64, [])],
+        value_info=[helper.make_tensor_value_info("keep_length", TensorProto.INT32, [])],
     )
     model = helper.make_model(
         graph,

@@ -52,13 +52,18 @@ requires_tensorrt = pytest.mark.skipif(_TENSORRT_PROBLEM is not None, reason=f"n
 def native_libs(tmp_path_factory):
     """libcoverpruner_selector.so (and the TensorRT plugin where headers exist), built once per session.
 
-    Architectures: $COVERPRUNER_CUDA_ARCHS, else `native` on a GPU machine, else 87 (one arch keeps CI fast;
-    the sm_87/sm_90 compile checks live in test_nvcc_compile.py).
+    Architectures: $COVERPRUNER_CUDA_ARCHS, else this machine's GPU on a GPU machine (`native` with CMake >= 3.24,
+    the detected compute capability with older CMake), else 87 (one arch keeps CI fast; the compile checks of
+    every default architecture live in test_nvcc_compile.py).
     """
     if native_build.find_nvcc() is None:
         pytest.skip("nvcc not found ($CUDACXX, $CUDA_HOME/bin, PATH, /usr/local/cuda/bin)")
     if native_build.find_cublas()[0] is None:
         pytest.skip("cublas_v2.h not found (CUDA toolkit, $CUBLAS_INCLUDE_DIR or `pip install nvidia-cublas`)")
-    archs = os.environ.get("COVERPRUNER_CUDA_ARCHS") or ("native" if GPU_AVAILABLE else "87")
+    archs = os.environ.get("COVERPRUNER_CUDA_ARCHS") or "87"
+    if not os.environ.get("COVERPRUNER_CUDA_ARCHS") and GPU_AVAILABLE:
+        from coverpruner.engines.tensorrt import detect_compute_capability
+
+        archs = native_build.native_architecture(detect_compute_capability()) or archs
     build_dir = tmp_path_factory.mktemp("csrc_build")
     return native_build.build_native(build_dir, cuda_architectures=archs)

@@ -21,8 +21,9 @@ def _up(x: int) -> int:
 
 
 def _expected_workspace(b: int, n: int, d: int, elem: int) -> int:
-    # normalized, similarity, weights, cover, gain (f64), changed_row/old/new, selected
-    return (_up(b * n * d * elem) + _up(b * n * n * 4) + 2 * _up(b * n * 4) + _up(b * n * 8)
+    # normalized, similarity, weights, cover, gain (f32), gain_error (f32), fresh (f64), changed_row/old/new,
+    # selected
+    return (_up(b * n * d * elem) + _up(b * n * n * 4) + 4 * _up(b * n * 4) + _up(b * n * 8)
             + 3 * _up(b * n * 4) + _up(b * n))
 
 

@@ -3,9 +3,9 @@ recomputation of near-best gains, tie rule, sorted compaction) compiled for the 
 checked against the literal float64 greedy of tests/literal_selection.py. Same source as the GPU kernels, so the
 algorithm is verified on every machine with g++.
 
-On the same utilities the kernel's double gains pick the literal greedy's indices. From features, its float32
-utilities may move genuine near-ties: then the set's float64 coverage objective must not be worse than the
-literal's x (1 - 1e-7)."""
+On the same utilities the kernel's picks (float32 gains with error bounds, candidates re-summed in float64) are the
+literal greedy's. From features, its float32 utilities may move genuine near-ties: then the set's float64 coverage
+objective must not be worse than the literal's x (1 - 1e-7)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Compile checks of the CUDA sources for Jetson Orin (sm_87) and H100 (sm_90), the cuBLAS glue and the
-TensorRT plugin. They need no GPU; only a missing compiler (or headers, for the glue and the plugin) skips."""
+"""Compile checks of the CUDA sources for every default architecture of the CMakeLists (sm_80 ... sm_120),
+the cuBLAS glue and the TensorRT plugin. They need no GPU; only a missing compiler (or headers, for the glue and
+the plugin) skips."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -16,12 +18,45 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found ($CUDACXX, 
                                                      "/usr/local/cuda/bin)")
 
 
+def default_architectures(nvcc_version: tuple[int, int]) -> list[str]:
+    """The CMakeLists default CUDA_ARCHITECTURES for this nvcc, read from the CMakeLists itself."""
+    text = (CSRC_DIR / "CMakeLists.txt").read_text()
+    branches = re.findall(r"(?:if|elseif)\(_nvcc_version VERSION_GREATER_EQUAL (\d+)\.(\d+)\)\s*"
+                          r"set\(CMAKE_CUDA_ARCHITECTURES ([^)]*)\)", text)
+    fallback = re.search(r"else\(\)\s*set\(CMAKE_CUDA_ARCHITECTURES ([^)]*)\)", text)
+    assert branches and fallback, "CMakeLists.txt: default architecture branches not found"
+    for major, minor, archs in branches:
+        if nvcc_version >= (int(major), int(minor)):
+            return archs.split()
+    return fallback.group(1).split()
+
+
+def nvcc_version() -> tuple[int, int]:
+    out = subprocess.run([str(NVCC), "--version"], capture_output=True, text=True).stdout
+    major, minor = re.search(r"release (\d+)\.(\d+)", out).groups()
+    return int(major), int(minor)
+
+
+def test_default_architectures_cover_the_targets():
+    """Ampere to Blackwell and Thor with CUDA 13; PTX (a virtual architecture) only for the newest."""
+    archs = default_architectures((13, 0))
+    assert [a.split("-")[0] for a in archs] == ["80", "86", "87", "89", "90", "100", "110", "120"]
+    assert all(a.endswith("-real") for a in archs[:-1]) and archs[-1] == "120"
+    assert "110-real" not in default_architectures((12, 8)) and default_architectures((12, 6))[-1] == "90"
+
+
 @needs_nvcc
-@pytest.mark.parametrize("arch", ["sm_87", "sm_90"])
-def test_kernels_compile_for(arch, tmp_path):
-    obj = tmp_path / f"coverage_select_{arch}.o"
-    cmd = [str(NVCC), "-c", "-std=c++17", f"-I{CSRC_DIR / 'include'}", f"-I{CSRC_DIR / 'kernels'}",
-           f"-arch={arch}", "-Xptxas", "-warn-spills", "-Werror", "all-warnings",
+def test_kernels_compile_for_every_default_architecture(tmp_path):
+    """One nvcc run for the whole default list (what CMake builds), with spills as errors."""
+    archs = default_architectures(nvcc_version())
+    gencode = []
+    for a in archs:
+        num = a.split("-")[0]
+        code = f"sm_{num}" if a.endswith("-real") else f"[sm_{num},compute_{num}]"
+        gencode += ["-gencode", f"arch=compute_{num},code={code}"]
+    obj = tmp_path / "coverage_select.o"
+    cmd = [str(NVCC), "-c", "-std=c++17", "--threads", "0", f"-I{CSRC_DIR / 'include'}", f"-I{CSRC_DIR / 'kernels'}",
+           *gencode, "-Xptxas", "-warn-spills", "-Werror", "all-warnings",
            str(CSRC_DIR / "kernels" / "coverage_select.cu"), "-o", str(obj)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -29,7 +64,8 @@ def test_kernels_compile_for(arch, tmp_path):
     cuobjdump = shutil.which("cuobjdump")  # not in every toolkit install; the compile itself is the check
     if cuobjdump:
         listing = subprocess.run([cuobjdump, "--list-elf", str(obj)], capture_output=True, text=True).stdout
-        assert arch in listing, listing  # the object really holds SASS for this architecture
+        for a in archs:
+            assert f"sm_{a.split('-')[0]}" in listing, listing  # the object really holds SASS for each one
 
 
 @needs_nvcc

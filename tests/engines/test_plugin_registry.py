@@ -19,6 +19,8 @@ SCRIPT = textwrap.dedent("""
     logger = trt.Logger(trt.Logger.WARNING)
     trt.Builder(logger)
     reg = trt.get_plugin_registry()
+    from coverpruner.engines.native_build import preload_cublas
+    preload_cublas()  # as load_plugin_library does: the self-contained plugin finds a pip-wheel cuBLAS by soname
     assert reg.load_library(sys.argv[1]) is not None, "load_library failed"
     creator = reg.get_creator(sys.argv[2], sys.argv[3], sys.argv[4])
     assert creator is not None, "creator not registered"

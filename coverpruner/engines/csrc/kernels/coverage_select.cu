@@ -16,9 +16,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cfloat>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 namespace
@@ -38,6 +40,52 @@ int fail(int status, std::string const& message)
 {
     g_last_error = message;
     return status;
+}
+
+// Checked mode (cp_set_checked_mode, or COVERPRUNER_CUDA_CHECKED=1 in the environment): synchronise the stream
+// after each launch, so an error raised while a kernel runs is reported with that kernel's name instead of at
+// the caller's next synchronisation. Skipped on a stream being captured into a CUDA graph (a capture may not
+// synchronise; its launches only record).
+std::atomic<int> g_checked{-1};
+
+bool checked_mode()
+{
+    int v = g_checked.load();
+    if (v < 0)
+    {
+        char const* env = std::getenv("COVERPRUNER_CUDA_CHECKED");
+        v = env != nullptr && env[0] != '\0' && env[0] != '0' ? 1 : 0;
+        g_checked.store(v);
+    }
+    return v == 1;
+}
+
+// After a launch (or an async call) named `what`: the launch error, and in checked mode the execution error.
+int after_launch(char const* what, cudaStream_t stream)
+{
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string(what) + ": " + cudaGetErrorString(err));
+    if (!checked_mode())
+        return CP_OK;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) == cudaSuccess && capture != cudaStreamCaptureStatusNone)
+        return CP_OK;
+    err = cudaStreamSynchronize(stream);
+    if (err != cudaSuccess)
+        return fail(CP_ERR_CUDA, std::string(what) + " (checked mode: failed while running): "
+                + cudaGetErrorString(err));
+    return CP_OK;
+}
+
+// Before the first launch: an error already pending on this thread belongs to earlier work (or says that no
+// device is usable); report it as such instead of blaming the first kernel of this call.
+int before_first_launch()
+{
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? CP_OK
+        : fail(CP_ERR_CUDA, std::string("CUDA error pending before cp_coverage_select launched anything (from "
+                   "earlier work on this thread, or no usable device): ") + cudaGetErrorString(err));
 }
 
 __device__ __forceinline__ float to_float(float v) { return v; }
@@ -236,7 +284,7 @@ __device__ __forceinline__ int device_keep_count(int64_t const* budget_device, i
 __global__ void prepare_greedy(float const* __restrict__ sim_all, float const* __restrict__ relevance_all,
     float tau_host, float const* __restrict__ tau_device, int64_t budget_host,
     int64_t const* __restrict__ budget_device, int n, Scratch s, int64_t* __restrict__ keep_all,
-    int64_t* __restrict__ keep_length)
+    int32_t* __restrict__ keep_length)
 {
     CP_DEVICE_BLOCK(blk);
     const size_t b = blockIdx.x;
@@ -272,7 +320,7 @@ __global__ void __launch_bounds__(kGreedyThreads, 1) greedy_select(float const* 
 }
 
 // budget >= n keeps every token: keep[b, i] = i.
-__global__ void iota_rows(int64_t* keep, int n, size_t total, int64_t* keep_length)
+__global__ void iota_rows(int64_t* keep, int n, size_t total, int32_t* keep_length)
 {
     const size_t idx = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx < total)
@@ -306,9 +354,25 @@ extern "C" const char* cp_last_error(void) { return g_last_error.c_str(); }
 
 extern "C" int cp_abi_version(void) { return CP_ABI_VERSION; }
 
+extern "C" void cp_set_checked_mode(int on) { g_checked.store(on ? 1 : 0); }
+
+extern "C" int cp_release_handles(void) { return coverpruner::release_handles(); }
+
+extern "C" int cp_cublas_create(void** handle)
+{
+    g_last_error.clear();
+    if (handle == nullptr)
+        return fail(CP_ERR_INVALID_ARGUMENT, "cp_cublas_create: handle must be non-NULL");
+    std::string error;
+    const int status = coverpruner::create_handle(handle, &error);
+    return status == CP_OK ? CP_OK : fail(status, error);
+}
+
+extern "C" void cp_cublas_destroy(void* handle) { coverpruner::destroy_handle(handle); }
+
 extern "C" int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
     int64_t d, int64_t budget, const int64_t* budget_device, float tau, const float* tau_device, int64_t* keep,
-    int64_t* keep_length_device, void* workspace, size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
+    int32_t* keep_length_device, void* workspace, size_t workspace_bytes, void* stream_ptr, void* cublas_ptr)
 {
     g_last_error.clear();
     if (batch < 0 || n < 0 || d < 0 || (budget_device == nullptr && budget < 0))
@@ -333,18 +397,20 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
         {
             if (keep == nullptr)
                 return fail(CP_ERR_INVALID_ARGUMENT, "keep must be a non-NULL device pointer");
+            if (before_first_launch() != CP_OK)
+                return CP_ERR_CUDA;
             iota_rows<<<static_cast<unsigned>((total + 255) / 256), 256, 0, stream>>>(
                 keep, static_cast<int>(n), total, keep_length_device);
-            err = cudaGetLastError();
+            return after_launch("iota_rows (budget >= n)", stream);
         }
-        else if (keep_length_device != nullptr)
-            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+        if (keep_length_device != nullptr)
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int32_t), stream);
         return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("trivial budget: ") + cudaGetErrorString(err));
     }
     if (batch == 0 || n == 0)
     {
         if (keep_length_device != nullptr)
-            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int64_t), stream);
+            err = cudaMemsetAsync(keep_length_device, 0, sizeof(int32_t), stream);
         return err == cudaSuccess ? CP_OK : fail(CP_ERR_CUDA, std::string("empty input: ") + cudaGetErrorString(err));
     }
     if (keep == nullptr || features == nullptr)
@@ -357,6 +423,8 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
         return fail(CP_ERR_WORKSPACE_TOO_SMALL, "workspace needs " + std::to_string(layout.total) + " bytes, got "
                 + std::to_string(workspace_bytes));
 
+    if (before_first_launch() != CP_OK)
+        return CP_ERR_CUDA;
     char* ws = static_cast<char*>(workspace);
     void* normalized = ws + layout.normalized;
     float* sim = reinterpret_cast<float*>(ws + layout.similarity);
@@ -368,26 +436,28 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     else
         normalize_rows<float><<<rows, kRowThreads, 0, stream>>>(
             static_cast<float const*>(features), static_cast<float*>(normalized), static_cast<int>(d));
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(CP_ERR_CUDA, std::string("normalize_rows: ") + cudaGetErrorString(err));
+    if (after_launch("normalize_rows", stream) != CP_OK)
+        return CP_ERR_CUDA;
 
     std::string gemm_error;
     const int gemm_status = coverpruner::similarity_gemm(cublas_ptr, stream, normalized, dtype == CP_DTYPE_FLOAT16,
         static_cast<int>(batch), static_cast<int>(n), static_cast<int>(d), sim, &gemm_error);
     if (gemm_status != CP_OK)
         return fail(gemm_status, gemm_error);
+    if (after_launch("cuBLAS similarity GEMM", stream) != CP_OK)
+        return CP_ERR_CUDA;
     const int ni = static_cast<int>(n);
 
     center_clip_rows<<<rows, kRowThreads, 0, stream>>>(sim, ni);
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(CP_ERR_CUDA, std::string("center_clip_rows: ") + cudaGetErrorString(err));
+    if (after_launch("center_clip_rows", stream) != CP_OK)
+        return CP_ERR_CUDA;
 
     Scratch scratch;
     scratch.weights = reinterpret_cast<float*>(ws + layout.weights);
     scratch.cover = reinterpret_cast<float*>(ws + layout.cover);
-    scratch.gain = reinterpret_cast<double*>(ws + layout.gain);
+    scratch.gain = reinterpret_cast<float*>(ws + layout.gain);
+    scratch.gain_error = reinterpret_cast<float*>(ws + layout.gain_error);
+    scratch.fresh = reinterpret_cast<double*>(ws + layout.fresh);
     scratch.changed_row = reinterpret_cast<int*>(ws + layout.changed_row);
     scratch.changed_old = reinterpret_cast<float*>(ws + layout.changed_old);
     scratch.changed_new = reinterpret_cast<float*>(ws + layout.changed_new);
@@ -397,18 +467,15 @@ extern "C" int cp_coverage_select(const void* features, int dtype, const float* 
     threads = threads > kGreedyThreads ? kGreedyThreads : threads;
     prepare_greedy<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
         sim, relevance, tau, tau_device, budget, budget_device, ni, scratch, keep, keep_length_device);
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(CP_ERR_CUDA, std::string("prepare_greedy: ") + cudaGetErrorString(err));
+    if (after_launch("prepare_greedy", stream) != CP_OK)
+        return CP_ERR_CUDA;
     const dim3 gain_grid(static_cast<unsigned>((n + kRowThreads - 1) / kRowThreads), static_cast<unsigned>(batch));
     initial_gain<<<gain_grid, kRowThreads, 0, stream>>>(sim, budget, budget_device, ni, scratch);
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(CP_ERR_CUDA, std::string("initial_gain: ") + cudaGetErrorString(err));
+    if (after_launch("initial_gain", stream) != CP_OK)
+        return CP_ERR_CUDA;
     greedy_select<<<static_cast<unsigned>(batch), threads, 0, stream>>>(
         sim, budget, budget_device, ni, scratch, keep);
-    err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return fail(CP_ERR_CUDA, std::string("greedy_select: ") + cudaGetErrorString(err));
+    if (after_launch("greedy_select", stream) != CP_OK)
+        return CP_ERR_CUDA;
     return CP_OK;
 }

@@ -20,9 +20,13 @@
 #ifdef __CUDACC__
 #define CP_HD __host__ __device__
 #define CP_HD_TEMPLATE _Pragma("nv_exec_check_disable")
+// The gain update's loop over changed rows: unrolled 4x, not fully. Blackwell's ptxas (sm_120, CUDA 13.0)
+// otherwise unrolls it to the 128-register cap of __launch_bounds__(512, 1) and spills.
+#define CP_UNROLL_4 _Pragma("unroll 4")
 #else
 #define CP_HD
 #define CP_HD_TEMPLATE
+#define CP_UNROLL_4
 #endif
 
 namespace coverpruner
@@ -33,17 +37,28 @@ namespace greedy
 // The tie rule of coverpruner.selection (coverage.tie_rtol / zero_level) for float64 gains: a gain
 // within (n + 1) * eps * |best| + kZeroUlps * eps * sum(w) of the best gain is tied with it, and the lowest
 // tied index wins. (n + 1) * eps * best bounds the rounding of two fresh n-term sums of non-negative terms;
-// the absolute part is the rounding level of exhausted columns (exact gain 0). The gains here are double
-// sums of the float32 utilities, so with the same utilities this greedy picks what the float64 reference
-// picks; float32 utilities themselves can move genuine near-ties (tested by the coverage objective).
+// the absolute part is the rounding level of exhausted columns (exact gain 0). The picks are decided on
+// fresh double sums of the float32 utilities, so with the same utilities this greedy picks what the float64
+// reference picks; float32 utilities themselves can move genuine near-ties (tested by the coverage objective).
+//
+// Precision (Jetson Orin runs float64 at 1/64 of float32): the O(n^2) initial gains and the O(n |R|) updates
+// per step (R = rows whose cover rose) are float32, each gain with a float32 bound e_k on its error. A step
+// recomputes exactly (float64 sums, O(n) each) only the candidates whose interval [g_k - e_k, g_k + e_k]
+// reaches the tie window of the largest lower bound; every other column is provably neither the best nor tied
+// with it. A recomputed gain restarts its bound at its float32 rounding.
 constexpr double kZeroUlps = 64.0;
+// Bound factors use FLT_EPSILON = 2 u32: twice the first-order rounding bound, which also covers the second-
+// order terms and the rounding of the bound arithmetic itself.
+constexpr float kEps32 = FLT_EPSILON;
 
 // Workspace regions of the greedy, each [B, n] (see coverage_workspace.h).
 struct Scratch
 {
     float* weights;
     float* cover;
-    double* gain;
+    float* gain;
+    float* gain_error;
+    double* fresh;
     int* changed_row;
     float* changed_old;
     float* changed_new;
@@ -56,7 +71,9 @@ struct ProblemView
     float const* A;
     float* w;
     float* c;
-    double* gain;
+    float* gain;
+    float* err;
+    double* fresh;
     int* chg_row;
     float* chg_old;
     float* chg_new;
@@ -67,6 +84,8 @@ struct ProblemView
         , w(s.weights + b * n)
         , c(s.cover + b * n)
         , gain(s.gain + b * n)
+        , err(s.gain_error + b * n)
+        , fresh(s.fresh + b * n)
         , chg_row(s.changed_row + b * n)
         , chg_old(s.changed_old + b * n)
         , chg_new(s.changed_new + b * n)
@@ -121,13 +140,15 @@ CP_HD bool prepare(Block& blk, float const* r, float tau, ProblemView const& p, 
     return false;
 }
 
-// Step 2, one column k: gain_k = sum_i w_i A_ik while c = 0 (A >= 0).
+// Step 2, one column k: gain_k = sum_i w_i A_ik while c = 0 (A >= 0), in float32. n non-negative products
+// summed: the error is within (n + 1) u32 of the sum (n + 2 eps32 with the margin of kEps32).
 CP_HD inline void initial_gain_column(ProblemView const& p, int n, int k)
 {
-    double g = 0.0;
+    float g = 0.f;
     for (int i = 0; i < n; ++i) // on the GPU, a warp's threads read consecutive k of row i: coalesced
-        g += static_cast<double>(p.w[i]) * p.A[static_cast<size_t>(i) * n + k];
+        g += p.w[i] * p.A[static_cast<size_t>(i) * n + k];
     p.gain[k] = g;
+    p.err[k] = (static_cast<float>(n) + 2.f) * kEps32 * g;
 }
 
 // Step 3: m picks with the incremental gain update, then keep = the picks in ascending order.
@@ -137,35 +158,36 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
 {
     const int tid = blk.tid(), nthreads = blk.size();
     float w_part = 0.f;
-    double g0 = 0.0;
     for (int i = tid; i < n; i += nthreads)
-    {
         w_part += p.w[i];
-        g0 = fmax(g0, p.gain[i]);
-    }
-    const double w_sum = static_cast<double>(blk.sum(w_part));
-    g0 = blk.max(g0);
-    const double atol = kZeroUlps * DBL_EPSILON * w_sum;
-    // The incremental gains lie within (2n + m + 2) u g0 of the exact sums (g0 = largest first gain, u =
-    // eps / 2): a gain more than this margin below the incremental best can be neither the exact best nor
-    // tied with it (coverage.incremental_margin). Gains inside it are recomputed from scratch before the pick.
-    const double margin = (6.0 * n + 2.0 * m + 6.0) * DBL_EPSILON * g0 + atol;
+    const double atol = kZeroUlps * DBL_EPSILON * static_cast<double>(blk.sum(w_part));
 
     for (int step = 0; step < m; ++step)
     {
-        double best = -DBL_MAX;
+        // lo: the largest lower bound of an unselected gain (<= the exact best); hi: the largest upper bound
+        double lo = -DBL_MAX, hi = -DBL_MAX;
         for (int k = tid; k < n; k += nthreads)
             if (!p.sel[k])
-                best = fmax(best, p.gain[k]);
-        const double cand_threshold = blk.max(best) - margin;
+            {
+                lo = fmax(lo, static_cast<double>(p.gain[k]) - p.err[k]);
+                hi = fmax(hi, static_cast<double>(p.gain[k]) + p.err[k]);
+            }
+        lo = blk.max(lo);
+        hi = blk.max(hi);
+        // A column whose upper bound stays below lo - W is below the exact best by more than W. W covers the
+        // tie window at an upper bound of the best, (n + 1) eps hi + atol, plus the rounding of the two fresh
+        // sums (this kernel's and the reference's) that the window is applied to: 4 (n + 1) eps hi + 2 atol.
+        // A wider W only re-sums more candidates; it never changes a pick.
+        const double cand_threshold = lo - (4.0 * (n + 1.0) * DBL_EPSILON * fabs(hi) + 2.0 * atol);
 
-        // Candidates (listed in chg_row, free until the rising rows are listed below): their gains become
-        // fresh double sums sum_i w_i max(0, A_ik - c_i), summed by the whole block in a fixed order.
+        // Candidates (listed in chg_row, free until the rising rows are listed below): exact double sums
+        // sum_i w_i max(0, A_ik - c_i), summed by the whole block in a fixed order.
         int n_cand = 0;
         for (int start = 0; start < n; start += nthreads)
         {
             const int k = start + tid;
-            const bool cand = k < n && !p.sel[k] && p.gain[k] >= cand_threshold;
+            const bool cand
+                = k < n && !p.sel[k] && static_cast<double>(p.gain[k]) + p.err[k] >= cand_threshold;
             int chunk_total = 0;
             const int rank = blk.rank(cand, &chunk_total);
             if (cand)
@@ -185,21 +207,27 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
             }
             const double fresh = blk.sum_d(part);
             if (tid == 0)
-                p.gain[k] = fresh;
+            {
+                p.fresh[k] = fresh;
+                p.gain[k] = static_cast<float>(fresh);
+                p.err[k] = kEps32 * static_cast<float>(fabs(fresh)); // float rounding of an exact-enough sum
+            }
         }
         blk.sync();
 
-        // k* = lowest unselected index whose gain is within the tie window of the best unselected gain.
-        best = -DBL_MAX;
-        for (int k = tid; k < n; k += nthreads)
-            if (!p.sel[k])
-                best = fmax(best, p.gain[k]);
+        // k* = lowest candidate whose fresh gain is within the tie window of the best fresh gain.
+        double best = -DBL_MAX;
+        for (int j = tid; j < n_cand; j += nthreads)
+            best = fmax(best, p.fresh[p.chg_row[j]]);
         best = blk.max(best);
         const double threshold = best - ((n + 1.0) * DBL_EPSILON * fabs(best) + atol);
         int first = INT_MAX;
-        for (int k = tid; k < n && first == INT_MAX; k += nthreads)
-            if (!p.sel[k] && p.gain[k] >= threshold)
+        for (int j = tid; j < n_cand; j += nthreads)
+        {
+            const int k = p.chg_row[j];
+            if (p.fresh[k] >= threshold && k < first)
                 first = k;
+        }
         int pick = blk.min_int(first);
         if (pick == INT_MAX)
         {
@@ -241,24 +269,25 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
         }
         blk.sync();
 
-        // Only the changed rows alter any gain: subtract w_i (max(0, A_ik - c_old) - max(0, A_ik - c_new)).
+        // Only the changed rows alter any gain: subtract w_i (max(0, A_ik - c_old) - max(0, A_ik - c_new))
+        // = w_i (clip(A_ik, c_old, c_new) - c_old), in float32: one rounded subtraction of non-negative
+        // result, one product, |R| - 1 additions of non-negative terms, so the computed delta is within
+        // (|R| + 2) u32 of the exact one; the subtraction from the gain adds u32 |gain|.
         for (int k = tid; k < n; k += nthreads)
         {
             if (p.sel[k])
                 continue;
-            double delta = 0.0;
+            float delta = 0.f;
+            CP_UNROLL_4
             for (int j = 0; j < n_changed; ++j)
             {
                 const float a = p.A[static_cast<size_t>(p.chg_row[j]) * n + k];
-                // float differences are exact in double, so the incremental gain stays the plain sum
-                // sum_i w_i max(0, A_ik - c_i) of the float32 utilities, without drift over the m steps
-                const double ad = a;
-                const double drop = fmax(0.0, ad - p.chg_old[j]) - fmax(0.0, ad - p.chg_new[j]);
-                delta += static_cast<double>(p.w[p.chg_row[j]]) * drop;
+                const float clipped = fminf(fmaxf(a, p.chg_old[j]), p.chg_new[j]);
+                delta += p.w[p.chg_row[j]] * (clipped - p.chg_old[j]);
             }
-            // Residue where coverage is exhausted (exact gain 0) is recomputed as a fresh sum before the
-            // next pick (it lies inside the margin), so those columns tie at 0 as in the reference.
-            p.gain[k] -= delta;
+            const float g = p.gain[k] - delta;
+            p.gain[k] = g;
+            p.err[k] += kEps32 * ((static_cast<float>(n_changed) + 3.f) * delta + fabsf(g));
         }
         for (int j = tid; j < n_changed; j += nthreads)
             p.c[p.chg_row[j]] = p.chg_new[j];

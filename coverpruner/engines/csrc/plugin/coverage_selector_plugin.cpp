@@ -115,6 +115,11 @@ public:
         }
     }
 
+    ~CoverageSelectorPlugin() override { cp_cublas_destroy(mCublas); }
+
+    CoverageSelectorPlugin(CoverageSelectorPlugin const&) = delete;
+    CoverageSelectorPlugin& operator=(CoverageSelectorPlugin const&) = delete;
+
     IPluginV3* clone() noexcept override
     {
         return new (std::nothrow) CoverageSelectorPlugin(mConfig);
@@ -149,7 +154,9 @@ public:
             return -1;
         (void) inputTypes;
         outputTypes[0] = DataType::kINT64; // keep
-        outputTypes[1] = DataType::kINT64; // keep_length (size tensors must be int64)
+        // keep_length: NvInferRuntime.h (10.0 through 11.1) documents that "the data type for any size tensor
+        // outputs must be DataType::kINT32"; int64 size tensors are only accepted by newer releases.
+        outputTypes[1] = DataType::kINT32;
         return 0;
     }
 
@@ -234,11 +241,12 @@ public:
         int const dtype = type == DType::kFloat16 ? CP_DTYPE_FLOAT16 : CP_DTYPE_FLOAT32;
         size_t const bytes = workspace_bytes(features, type);
         // budget and tau are read on the device, so the enqueue never waits on a host copy; the host
-        // values passed here are unused. The null cuBLAS handle selects the per-thread handle.
+        // values passed here are unused. mCublas was made by attachToContext (outside any graph capture); a
+        // plugin without one (not attached) gets the library's handle for this stream.
         int const status = cp_coverage_select(inputs[kPosFeatures], dtype,
             static_cast<float const*>(inputs[kPosRelevance]), batch, n, d, 0,
             static_cast<int64_t const*>(inputs[kPosBudget]), 0.f, static_cast<float const*>(inputs[kPosTau]),
-            static_cast<int64_t*>(outputs[0]), static_cast<int64_t*>(outputs[1]), workspace, bytes, stream, nullptr);
+            static_cast<int64_t*>(outputs[0]), static_cast<int32_t*>(outputs[1]), workspace, bytes, stream, mCublas);
         if (status != CP_OK)
         {
             log_error(std::string(cp_status_string(status)) + ": " + cp_last_error());
@@ -247,10 +255,19 @@ public:
         return 0;
     }
 
+    // Called once per execution context, when it is created: the place to allocate (the cuBLAS handle), since
+    // enqueue may run inside a CUDA-graph capture where allocation is forbidden.
     IPluginV3* attachToContext(IPluginResourceContext* context) noexcept override
     {
         (void) context;
-        return clone();
+        auto* attached = new (std::nothrow) CoverageSelectorPlugin(mConfig);
+        if (attached != nullptr && cp_cublas_create(&attached->mCublas) != CP_OK)
+        {
+            log_error(std::string("attachToContext: ") + cp_last_error());
+            delete attached;
+            return nullptr;
+        }
+        return attached;
     }
 
     PluginFieldCollection const* getFieldsToSerialize() noexcept override { return &mSerialFields; }
@@ -259,6 +276,7 @@ private:
     SelectorConfig mConfig;
     PluginField mSerialField;
     PluginFieldCollection mSerialFields{};
+    void* mCublas = nullptr; // cublasHandle_t of the execution context this plugin is attached to
 };
 
 class CoverageSelectorCreator final : public IPluginCreatorV3One

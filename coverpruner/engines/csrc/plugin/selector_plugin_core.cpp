@@ -156,15 +156,16 @@ bool supports_type(int32_t pos, DType type, bool linear, DType features_type)
     case kPosBudget: return type == DType::kInt64;
     case kPosTau: return type == DType::kFloat32;
     case kPosKeep:
-    case kPosKeepLength:
         return type == DType::kInt64 && (features_type == DType::kFloat32 || features_type == DType::kFloat16);
+    case kPosKeepLength:
+        return type == DType::kInt32 && (features_type == DType::kFloat32 || features_type == DType::kFloat16);
     default: return false;
     }
 }
 
 DType output_type(int32_t output_index)
 {
-    return output_index == 0 || output_index == 1 ? DType::kInt64 : DType::kOther;
+    return output_index == 0 ? DType::kInt64 : output_index == 1 ? DType::kInt32 : DType::kOther;
 }
 
 bool problem_dims(Shape const& features, int64_t* batch, int64_t* n, int64_t* d)

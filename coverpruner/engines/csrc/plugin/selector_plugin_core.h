@@ -8,7 +8,7 @@
 //            budget          int64 scalar    [] or [1]     read on the device
 //            tau             float32 scalar  [] or [1]     read on the device
 //   outputs  keep            int64           [m]    or [B, m], m = min(budget, n), sorted ascending
-//            keep_length     int64 scalar    []            m; TensorRT's size tensor for keep's last axis
+//            keep_length     int32 scalar    []            m; TensorRT's size tensor for keep's last axis
 //   field    opt_budget      optional int32|int64 >= 1 (default 64): the m TensorRT plans memory and
 //                            tactics for (declareSizeTensor's opt value); the upper bound is n
 // The budget is a runtime tensor, so one engine serves every budget; keep's length is data-dependent.
@@ -114,7 +114,8 @@ int32_t token_axis(int32_t features_rank);
 // format is the plain row-major one. features_type is the type chosen at kPosFeatures.
 bool supports_type(int32_t pos, DType type, bool linear, DType features_type);
 
-// Output types: both int64.
+// Output types: keep int64; keep_length int32, the size-tensor type that getOutputDataTypes' documentation in
+// NvInferRuntime.h requires ("must be DataType::kINT32") in every TensorRT from 10.0 to 11.1.
 DType output_type(int32_t output_index);
 
 // Bytes of workspace for the largest shape the engine allows (the C API's layout); 0 if the

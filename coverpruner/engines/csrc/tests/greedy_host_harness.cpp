@@ -122,15 +122,16 @@ struct ThreadBlock
 // The greedy's per-problem work arrays for one problem of n tokens, owned on the host.
 struct HostScratch
 {
-    std::vector<float> w, c, old_c, new_c;
-    std::vector<double> gain;
+    std::vector<float> w, c, old_c, new_c, gain, gain_error;
+    std::vector<double> fresh;
     std::vector<int> rows;
     std::vector<unsigned char> sel;
     coverpruner::greedy::Scratch view; // declared last: initialised from the vectors above
 
     explicit HostScratch(int n)
-        : w(n), c(n), old_c(n), new_c(n), gain(n), rows(n), sel(n)
-        , view{w.data(), c.data(), gain.data(), rows.data(), old_c.data(), new_c.data(), sel.data()}
+        : w(n), c(n), old_c(n), new_c(n), gain(n), gain_error(n), fresh(n), rows(n), sel(n)
+        , view{w.data(), c.data(), gain.data(), gain_error.data(), fresh.data(), rows.data(), old_c.data(),
+              new_c.data(), sel.data()}
     {
     }
 };

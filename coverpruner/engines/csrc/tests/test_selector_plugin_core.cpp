@@ -139,10 +139,12 @@ void test_types()
     CHECK(!supports_type(kPosTau, DType::kInt64, true, DType::kFloat32));
     CHECK(supports_type(kPosKeep, DType::kInt64, true, DType::kFloat16));
     CHECK(!supports_type(kPosKeep, DType::kInt32, true, DType::kFloat32));
-    CHECK(supports_type(kPosKeepLength, DType::kInt64, true, DType::kFloat32));
-    CHECK(!supports_type(kPosKeepLength + 1, DType::kInt64, true, DType::kFloat32));
+    CHECK(supports_type(kPosKeepLength, DType::kInt32, true, DType::kFloat32)); // size tensor: int32
+    CHECK(!supports_type(kPosKeepLength, DType::kInt64, true, DType::kFloat32));
+    CHECK(!supports_type(kPosKeep, DType::kInt32, true, DType::kFloat32));
+    CHECK(!supports_type(kPosKeepLength + 1, DType::kInt32, true, DType::kFloat32));
     CHECK(!supports_type(-1, DType::kFloat32, true, DType::kFloat32));
-    CHECK(output_type(0) == DType::kInt64 && output_type(1) == DType::kInt64 && output_type(2) == DType::kOther);
+    CHECK(output_type(0) == DType::kInt64 && output_type(1) == DType::kInt32 && output_type(2) == DType::kOther);
     CHECK(kNbInputs == 4 && kNbOutputs == 2 && kPosKeep == kNbInputs);
 }
 
@@ -150,8 +152,9 @@ void test_workspace()
 {
     // LLaVA-1.5 7B: n=576, d=4096, fp16, batch 2; regions summed by hand.
     const size_t B = 2, N = 576, D = 4096;
-    const size_t expected = up(B * N * D * 2) + up(B * N * N * 4) + up(B * N * 4) * 2 + up(B * N * 8)
-        + up(B * N * 4) * 3 + up(B * N);
+    // normalized, similarity, weights + cover, gain + gain_error (float32), fresh (float64), changed_*, selected
+    const size_t expected = up(B * N * D * 2) + up(B * N * N * 4) + up(B * N * 4) * 2 + up(B * N * 4) * 2
+        + up(B * N * 8) + up(B * N * 4) * 3 + up(B * N);
     CHECK(workspace_bytes(shape({2, 576, 4096}), DType::kFloat16) == expected);
     CHECK(workspace_bytes(shape({576, 4096}), DType::kFloat32)
         == workspace_bytes(shape({1, 576, 4096}), DType::kFloat32));

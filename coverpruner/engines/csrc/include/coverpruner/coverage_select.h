@@ -50,16 +50,18 @@ CP_API size_t cp_coverage_workspace_size(int64_t batch, int64_t n, int64_t d, in
  *   tau_device     float32 scalar on the device (the plugin's `tau` input), or NULL
  *   keep           [batch, m]     int64 device output, each row sorted ascending; sized for the
  *                  largest possible m (n) when the budget is on the device
- *   keep_length_device  int64 scalar on the device that receives m, or NULL
+ *   keep_length_device  int32 scalar on the device that receives m, or NULL (int32: TensorRT size tensors)
  *   workspace      device buffer of at least cp_coverage_workspace_size(batch, n, d, dtype) bytes
  *                  (may be NULL when a host budget is 0 or >= n: no similarity is computed)
  *   stream         cudaStream_t or NULL (legacy default stream)
- *   cublas         cublasHandle_t or NULL (a per-thread handle is created on first use)
+ *   cublas         cublasHandle_t or NULL: the library then uses its own handle for (current device, stream),
+ *                  created on the first call on that stream (not allowed while the stream is being captured
+ *                  into a CUDA graph: run once before capturing) and destroyed by cp_release_handles()
  * Returns a cp_status; cp_last_error() then describes the problem in words.
  */
 CP_API int cp_coverage_select(const void* features, int dtype, const float* relevance, int64_t batch, int64_t n,
                               int64_t d, int64_t budget, const int64_t* budget_device, float tau,
-                              const float* tau_device, int64_t* keep, int64_t* keep_length_device, void* workspace,
+                              const float* tau_device, int64_t* keep, int32_t* keep_length_device, void* workspace,
                               size_t workspace_bytes, void* stream, void* cublas);
 
 /* Name of a cp_status value ("CP_OK", ...). */
@@ -68,10 +70,24 @@ CP_API const char* cp_status_string(int status);
 /* Message of the last failure on the calling thread ("" when none). */
 CP_API const char* cp_last_error(void);
 
+/* Checked mode: 1 synchronises the stream after every launch so an error raised while a kernel runs names that
+ * kernel (slower; for debugging a device). Default: COVERPRUNER_CUDA_CHECKED=1 in the environment, else off. */
+CP_API void cp_set_checked_mode(int on);
+
+/* Destroys the cuBLAS handles the library created for calls with cublas == NULL (teardown, before the CUDA
+ * context goes away); returns how many. Later calls create new ones. */
+CP_API int cp_release_handles(void);
+
+/* A cuBLAS handle for cp_coverage_select's `cublas` argument, on the current device (CP_OK or CP_ERR_CUBLAS),
+ * and its destruction; for callers without cuBLAS headers (the TensorRT plugin creates one per execution
+ * context, outside any graph capture, and destroys it with the context). */
+CP_API int cp_cublas_create(void** handle);
+CP_API void cp_cublas_destroy(void* handle);
+
 /* ABI version of this library; bumped when a signature above changes. */
 CP_API int cp_abi_version(void);
 
-#define CP_ABI_VERSION 1 /* cp_abi_version() returns this */
+#define CP_ABI_VERSION 2 /* cp_abi_version() returns this; 2: keep_length_device is int32 */
 
 #ifdef __cplusplus
 }

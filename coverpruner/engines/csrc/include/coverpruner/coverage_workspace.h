@@ -10,8 +10,11 @@
  *   similarity   [B, n, n]  float32: cosine M, then A = max(0, M - rowmean(M)) in place
  *   weights      [B, n]     float32: exp(tau * minmax(r)), 1 where r is absent or constant
  *   cover        [B, n]     float32: c_i, best utility row i already has from the picks
- *   gain         [B, n]     float64: sum_i w_i max(0, A_ik - c_i); float64 so m incremental
- *                           updates do not drift away from the float64 reference's ties
+ *   gain         [B, n]     float32: sum_i w_i max(0, A_ik - c_i), kept by float32 incremental updates
+ *                           (Orin runs float64 at 1/64 of float32)
+ *   gain_error   [B, n]     float32: a bound on |gain - exact gain|, grown with each update
+ *   fresh        [B, n]     float64: gains recomputed exactly (float64 sums) for the candidates whose
+ *                           error interval reaches the best one's tie window
  *   changed_row  [B, n]     int32:   rows whose c_i rose at this step
  *   changed_old  [B, n]     float32: their c_i before the step
  *   changed_new  [B, n]     float32: their c_i after the step
@@ -43,6 +46,8 @@ typedef struct cp_workspace_layout
     size_t weights;
     size_t cover;
     size_t gain;
+    size_t gain_error;
+    size_t fresh;
     size_t changed_row;
     size_t changed_old;
     size_t changed_new;
@@ -83,7 +88,9 @@ static inline int cp_workspace_layout_for(int64_t batch, int64_t n, int64_t d, i
     out->similarity = off;  off += cp_align_up(B * N * N * 4u);
     out->weights = off;     off += cp_align_up(B * N * 4u);
     out->cover = off;       off += cp_align_up(B * N * 4u);
-    out->gain = off;        off += cp_align_up(B * N * 8u);
+    out->gain = off;        off += cp_align_up(B * N * 4u);
+    out->gain_error = off;  off += cp_align_up(B * N * 4u);
+    out->fresh = off;       off += cp_align_up(B * N * 8u);
     out->changed_row = off; off += cp_align_up(B * N * 4u);
     out->changed_old = off; off += cp_align_up(B * N * 4u);
     out->changed_new = off; off += cp_align_up(B * N * 4u);
