@@ -41,9 +41,10 @@ def test_a_new_pipeline_keyword_is_no_api_field(monkeypatch, demo_png):
 
     for name in ("generate", "stream", "chat", "chat_stream", "chat_request", "request"):
         monkeypatch.setattr(Pipeline, name, stream)
-    assert set(request_mod.pipeline_options()) == OPTION_FIELDS
+    methods = {"pivots", "relevance_weight"}  # the selection methods' declared options (registry, not signatures)
+    assert set(request_mod.pipeline_options()) == OPTION_FIELDS | methods
     allowed = request_mod.pipeline_options(_FamilyPipeline(newline_policy="keep"))
-    assert set(allowed) == OPTION_FIELDS | {"newline_policy"}
+    assert set(allowed) == OPTION_FIELDS | methods | {"newline_policy"}
     gen = request_mod.build_request(_req(demo_png, newline_policy="drop", budget=32), {}, False, False, allowed)
     assert gen.options == {"newline_policy": "drop", "budget": 32, "method": "coverpruner", "max_new_tokens": 5}
     with pytest.raises(APIError) as info:
