@@ -57,8 +57,10 @@ class NativeSequence:
     [L], image_spans int64 [S_j] per image, instruction tokens per image and of the last user message).
     embeds: float [L,d] (graph float dtype): text embeddings with each image's rows at its span.
     positions: int64 [R,L], the family's native positions. image_hashes: per image, the digest of its vision
-    feeds (runtime.prefix_cache.feeds_hash). ``vision``, ``span``, ``num_candidates`` and
-    ``candidate_positions`` are image 0's (the one image of a generate request).
+    feeds (runtime.prefix_cache.feeds_hash), extended by its decoder extras when it has any. extras: the decoder
+    extras (contract v4) {graph input name: float [L,d]}, each image's ImageSpan.extras at its span, zeros at
+    text rows ({} without extras). ``vision``, ``span``, ``num_candidates`` and ``candidate_positions`` are
+    image 0's (the one image of a generate request).
     """
 
     visions: list
@@ -68,6 +70,7 @@ class NativeSequence:
     positions: np.ndarray
     timings: dict = field(default_factory=dict)
     image_hashes: list = field(default_factory=list)
+    extras: dict = field(default_factory=dict)
 
     @property
     def vision(self) -> VisionInputs:
