@@ -138,6 +138,20 @@ def test_manifest_records_the_extras(planted):
                                                                       "visual_extra.1"]
 
 
+def test_tensorrt_profiles_cover_the_extras(planted):
+    """The standard form's extras sit on inputs_embeds' axes, so coverpruner-build gives them its profile."""
+    from coverpruner.engine_dir import read_raw
+    from coverpruner.engines.tensorrt import BuildOptions, axis_ranges, input_profile
+
+    raw = read_raw(planted[1]["standard"])
+    ranges = axis_ranges(raw, BuildOptions(max_context=128, max_batch=2))
+    specs = {s["name"]: s for s in raw["graphs"]["decoder"]["inputs"]}
+    want = input_profile("decoder", specs["inputs_embeds"], ranges)
+    assert want["max"] == [2, 128, 64]
+    for name in ("visual_extra.0", "visual_extra.1"):
+        assert input_profile("decoder", specs[name], ranges) == want
+
+
 @pytest.mark.parametrize("form", ["ort", "standard"])
 def test_planted_family_equals_torch_reference(planted, image, want, form):
     from coverpruner.runtime import Pipeline
