@@ -137,7 +137,8 @@ class BatchGenerator:
             if len(rows) + state.max_tokens > self.capacity:
                 raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's "
                                   f"KV capacity is {self.capacity} per request")
-            handle, logits = self.decoder.join(native.embeds[rows][None].astype(np.float32), positions)
+            handle, logits = self.decoder.join(native.embeds[rows][None].astype(np.float32), positions,
+                                               extras=native.extras_of(rows))
             pipe._verified()  # no answer leaves before the background file check has passed (first request)
         except Exception as exc:  # noqa: BLE001 - the request fails alone; the batch goes on
             return BatchEvent(rid, error=exc)

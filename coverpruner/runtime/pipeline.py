@@ -616,10 +616,9 @@ class Pipeline:
             if snapshot is not None:
                 self.decoder.restore(snapshot)
         fed = rows[cached:]  # the decoder extras are gathered with the same kept rows as the embeddings
-        extras = {name: rows_of[fed][None] for name, rows_of in native.extras.items()} or None
         logits = self.decoder.forward(native.embeds[fed][None],
                                       position_ids_input(positions[:, cached:], self.family_runtime.position_rank),
-                                      extras=extras)
+                                      extras=native.extras_of(fed))
         self._verified()  # no answer leaves before the background file check has passed (first request only)
         return Prefill(rows, np.array(logits), state, {"prefill": time.perf_counter() - t}, cached, identity)
 

@@ -179,3 +179,13 @@ def test_prefix_cache_replays_the_extras(planted, image, want):
     again = pipe.generate(image, PROMPT, budget=BUDGET, method="coverpruner", max_new_tokens=NEW)
     assert again.cached_tokens > 0
     assert first.token_ids == again.token_ids == want[0]
+
+
+def test_batched_decoding_feeds_the_extras(planted, image, want):
+    """Continuous batching (ORT form) joins each request with its extras: the answer is the batch-1 answer."""
+    from coverpruner.runtime import Pipeline
+
+    pipe = Pipeline.load(planted[1]["ort"], provider="cpu", threads=1, prefix_cache_mb=0)
+    kwargs = dict(image=image, prompt=PROMPT, budget=BUDGET, method="coverpruner", max_new_tokens=NEW)
+    results = pipe.batch_generate([kwargs, {**kwargs, "prompt": "Describe it."}], max_batch=2)
+    assert results[0].token_ids == want[0]
