@@ -49,9 +49,6 @@ DECODER_INPUTS = ("inputs_embeds", "attention_mask", "position_ids")
 ORT_DECODER_INPUTS = ("inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin",
                       "rotary_row")
 LOGITS = "logits"
-#: graphs.decoder.extras (contract v4): extra per-row decoder inputs, each {"name": graph input (float [B, S, d],
-#: "visual_extra.{k}" by convention), "after_layer": the decoder layer whose output it is added to}. Absent: none.
-EXTRA_PREFIX = "visual_extra."
 #: graphs.decoder.form: "standard" (standard ONNX ops, growing KV; TensorRT and every ORT provider) or "ort"
 #: (ONNX Runtime contrib ops: GroupQueryAttention, SkipSimplifiedLayerNormalization; in-place KV; ORT CPU).
 #: A decoder entry without "form" is "standard" (every directory written before the ORT form).

@@ -189,3 +189,40 @@ def test_batched_decoding_feeds_the_extras(planted, image, want):
     kwargs = dict(image=image, prompt=PROMPT, budget=BUDGET, method="coverpruner", max_new_tokens=NEW)
     results = pipe.batch_generate([kwargs, {**kwargs, "prompt": "Describe it."}], max_batch=2)
     assert results[0].token_ids == want[0]
+
+
+@pytest.mark.tensorrt
+def test_tensorrt_rtx_builds_the_extras_decoder(planted, trt_rtx, tmp_path):
+    """TensorRT-RTX (no GPU needed) builds the planted standard-form decoder; its profile covers the extras."""
+    from coverpruner.engine_dir import read_raw
+    from coverpruner.engines.tensorrt import BuildOptions, build_engine_dir
+
+    work = tmp_path / "dir"
+    shutil.copytree(planted[1]["standard"], work)
+    build_engine_dir(work, BuildOptions(max_context=128, graphs=("decoder",)), trt_rtx)
+    profile = read_raw(work)["tensorrt"]["engines"]["decoder"]["profile"]
+    assert profile["visual_extra.0"] == profile["visual_extra.1"] == profile["inputs_embeds"]
+
+
+@pytest.mark.gpu
+@pytest.mark.tensorrt
+def test_tensorrt_pipeline_equals_torch_reference(planted, image, want, tmp_path):
+    """On a GPU, the TensorRT decoder session feeds the extras at prefill (zeros at decode): the same tokens."""
+    from coverpruner.engines.cudart import device_problem
+    from coverpruner.engines.tensorrt import BuildOptions, TensorRTBuildError, build_engine_dir, load_tensorrt
+    from coverpruner.runtime import Pipeline
+
+    problem = device_problem()
+    if problem is not None:
+        pytest.skip(f"no usable CUDA GPU: {problem}")
+    try:
+        trt = load_tensorrt()
+    except TensorRTBuildError as exc:
+        pytest.skip(str(exc))
+    work = tmp_path / "dir"
+    shutil.copytree(planted[1]["standard"], work)
+    build_engine_dir(work, BuildOptions(budgets=(BUDGET,), max_context=256), trt)
+    pipe = Pipeline.load(work, provider="tensorrt", prefix_cache_mb=0)
+    got = pipe.generate(image, PROMPT, budget=BUDGET, method="coverpruner", max_new_tokens=NEW)
+    assert got.kept_indices.tolist() == want[1].tolist()
+    assert got.token_ids == want[0]
