@@ -79,6 +79,31 @@ def present_names(num_layers: int) -> list[str]:
     return [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
 
 
+def extras_record(extras) -> list[dict]:
+    """graphs.decoder.extras for contract.DecoderExtra items: [{"name", "after_layer"}]."""
+    return [{"name": e.name, "after_layer": int(e.after_layer)} for e in extras]
+
+
+def _extras(root: Path, gname: str, raw, inputs: tuple) -> tuple[tuple[str, int], ...]:
+    """graphs.<gname>.extras validated against the graph's inputs -> ((name, after_layer), ...)."""
+    if raw is None:
+        return ()
+    where = f"graphs.{gname}.extras"
+    if not isinstance(raw, list):
+        raise _fail(root, f"field {where} must be a list, got {type(raw).__name__}")
+    names = {t.name for t in inputs}
+    out = []
+    for i, item in enumerate(raw):
+        _require(root, item, ("name", "after_layer"), f"{where}[{i}]")
+        layer = item["after_layer"]
+        if item["name"] not in names:
+            raise _fail(root, f"field {where}[{i}].name is {item['name']!r}, which is no input of the graph")
+        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 0:
+            raise _fail(root, f"field {where}[{i}].after_layer is {layer!r}, expected an integer >= 0")
+        out.append((item["name"], layer))
+    return tuple(out)
+
+
 def position_ids_input(positions: np.ndarray, rank: int) -> np.ndarray:
     """Positions int64 [R, S] of one request -> the probe/decoder `position_ids` input.
 
@@ -112,8 +137,16 @@ class GraphSpec:
     data_sha256: dict = field(default_factory=dict)
     #: "standard" or "ort" (DECODER_FORMS; only the decoder has an ORT form)
     form: str = "standard"
-    #: ORT-form decoder: {"theta": float, "mrope_section": [t, h, w] or None} for the host rotary rows
+    #: ORT-form decoder: {"theta": float, "mrope_section": [t, h, w] or None, "mrope_interleaved": bool} for the
+    #: host rotary rows
     rotary: dict | None = None
+    #: decoder: the extra per-row inputs (contract v4) as (input name, after_layer), in graph-input order
+    extras: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def extra_names(self) -> tuple[str, ...]:
+        """The decoder's extra input names (graphs.decoder.extras), in order; () without extras."""
+        return tuple(name for name, _ in self.extras)
 
 
 @dataclass(frozen=True)
@@ -282,12 +315,13 @@ def parse_manifest(root: Path, raw: dict) -> Manifest:
         rotary = g.get("rotary")
         if form == "ort" and (not isinstance(rotary, dict) or "theta" not in rotary):
             raise _fail(root, f"field graphs.{name}.rotary (theta, mrope_section) is required for form 'ort'")
+        inputs = _tensor_specs(root, name, "inputs", g["inputs"])
         graphs[name] = GraphSpec(
-            name=name, path=root / g["file"], sha256=g["sha256"],
-            inputs=_tensor_specs(root, name, "inputs", g["inputs"]),
+            name=name, path=root / g["file"], sha256=g["sha256"], inputs=inputs,
             outputs=_tensor_specs(root, name, "outputs", g["outputs"]),
             data_files=tuple(root / f for f in g.get("data_files", [])),
             data_sha256=dict(g.get("data_sha256", {})), form=form, rotary=rotary,
+            extras=_extras(root, name, g.get("extras"), inputs),
         )
     files = {}
     for key, rec in raw.get("files", {}).items():

@@ -74,9 +74,12 @@ class DecoderLoop(Protocol):
     def reset(self, capacity: int) -> None:
         """Empty the cache and make room for ``capacity`` tokens (prompt + generated) of one request."""
 
-    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Append S tokens: inputs_embeds float [1, S, d] (graph float dtype), position_ids int64 [1, S] (rank 1)
-        or [R, 1, S] (rank R, M-RoPE). Returns the last position's logits float [V] (valid until the next call)."""
+        or [R, 1, S] (rank R, M-RoPE). extras: the decoder extras (contract v4, graphs.decoder.extras) by input
+        name, float [1, S, d] aligned with the fed rows; an extra input not given is fed zeros (decode steps).
+        Returns the last position's logits float [V] (valid until the next call)."""
 
     def snapshot(self) -> KVSnapshot:
         """A host copy of the cached prefix (its ``length`` tokens); the cache itself is unchanged."""
@@ -85,6 +88,33 @@ class DecoderLoop(Protocol):
         """Make the cache hold exactly the snapshot's prefix (length = snapshot.length); the next forward
         continues after it as if those tokens had just been run. Keeps the capacity (``reset`` first to size
         the buffers for the request); ValueError (one line) when the snapshot does not fit."""
+
+
+def extra_inputs(input_names, fixed) -> tuple[str, ...]:
+    """The decoder graph's extra per-row inputs (contract v4): its inputs besides ``fixed`` (embeddings,
+    positions / rotary, KV), in graph order. The engines feed them by name and never ask the family."""
+    fixed = set(fixed)
+    return tuple(n for n in input_names if n not in fixed)
+
+
+def extra_feeds(names, extras: dict | None, like: np.ndarray) -> dict[str, np.ndarray]:
+    """{name: float [B, S, d]} for every extra input: the given array (cast to ``like``'s dtype, C-contiguous) or
+    zeros shaped like ``like`` (inputs_embeds) where none is given. ValueError (one line) for a name the graph
+    does not take or a shape that is not inputs_embeds'."""
+    extras = extras or {}
+    unknown = sorted(set(extras) - set(names))
+    if unknown:
+        raise ValueError(f"decoder extras {unknown} are no inputs of the decoder graph (it takes {list(names)})")
+    out = {}
+    for name in names:
+        given = extras.get(name)
+        if given is None:
+            out[name] = np.zeros(like.shape, like.dtype)
+            continue
+        if tuple(given.shape) != tuple(like.shape):
+            raise ValueError(f"decoder extra {name!r} is {list(given.shape)}; inputs_embeds is {list(like.shape)}")
+        out[name] = np.ascontiguousarray(given, dtype=like.dtype)
+    return out
 
 
 class SessionFactory(Protocol):

@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names
-from coverpruner.engines.interfaces import KVSnapshot, check_snapshot
+from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 
 
 class OrtDecoderSession:
@@ -34,11 +34,14 @@ class OrtDecoderSession:
         self.vocab_size = vocab_size
         self.dtype = np.dtype(dtype)
         self.device = device
-        names = {i.name for i in session.get_inputs()}
+        order = [i.name for i in session.get_inputs()]
+        names = set(order)
         self._past, self._present = past_names(num_layers), present_names(num_layers)
         missing = sorted({*DECODER_INPUTS, *self._past} - names)
         if missing:
             raise ValueError(f"decoder graph lacks inputs {missing[:4]} (has {sorted(names)[:6]}...)")
+        #: the decoder extras (contract v4) the graph takes besides embeddings, positions and KV
+        self.extra_names = extra_inputs(order, (*DECODER_INPUTS, *self._past))
         self.capacity = 0
         self.length = 0  # tokens already in the cache (P)
         self._cur = 0
@@ -100,8 +103,10 @@ class OrtDecoderSession:
         self.length = snapshot.length
 
     # -- one forward ------------------------------------------------------------------------
-    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Append S tokens. inputs_embeds [1,S,d] (cache dtype), position_ids int64 [1,S] or [R,1,S].
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Append S tokens. inputs_embeds [1,S,d] (cache dtype), position_ids int64 [1,S] or [R,1,S], extras
+        {input name: [1,S,d]} (interfaces.DecoderLoop.forward; zeros for the ones not given).
 
         Returns logits [V] of the last position (a view that the next call overwrites).
         """
@@ -109,8 +114,11 @@ class OrtDecoderSession:
         total = self.length + s
         if total > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {total} requested")
+        embeds = np.ascontiguousarray(inputs_embeds, dtype=self.dtype)
         b = self.session.io_binding()
-        b.bind_cpu_input("inputs_embeds", np.ascontiguousarray(inputs_embeds, dtype=self.dtype))
+        b.bind_cpu_input("inputs_embeds", embeds)
+        for name, value in extra_feeds(self.extra_names, extras, embeds).items():
+            b.bind_cpu_input(name, value)
         b.bind_cpu_input("position_ids", np.ascontiguousarray(position_ids, dtype=np.int64))
         b.bind_input("attention_mask", self.device, 0, np.int64, [1, total], self._mask.data_ptr())
         src, dst = self._cur, 1 - self._cur

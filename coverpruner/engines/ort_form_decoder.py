@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from coverpruner.engines.interfaces import KVSnapshot, check_snapshot
+from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
+from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 from coverpruner.engines.rotary import rotary_rows
 
 
@@ -35,6 +36,10 @@ class KVSlots:
         self.session, self.batch, self.capacity = session, batch, capacity
         self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
         self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
+        self.interleaved = bool(rotary.get("mrope_interleaved", False))
+        #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows and KV
+        self.extra_names = extra_inputs([i.name for i in session.get_inputs()],
+                                        (*ORT_DECODER_INPUTS, *past_names(num_layers)))
         shape = (batch, num_kv_heads, capacity, head_dim)
         # [layer][key/value] -> [B, H_kv, C, hd]; OrtValues are made per call over views of this memory
         self.kv = [[np.zeros(shape, np.float32) for _ in range(2)] for _ in range(num_layers)]
@@ -45,7 +50,8 @@ class KVSlots:
     def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """positions int64 [R, S] -> cos, sin [S, hd/2]."""
         positions = np.asarray(positions)
-        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section)
+        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section,
+                           self.interleaved)
 
     def write_rows(self, slot: int, positions: np.ndarray) -> None:
         """Rotary rows of the tokens slot `slot` appends next (positions int64 [R, S])."""
@@ -54,16 +60,20 @@ class KVSlots:
         self.cos[start:start + len(cos)] = cos
         self.sin[start:start + len(sin)] = sin
 
-    def run(self, first: int, count: int, embeds: np.ndarray) -> np.ndarray:
+    def run(self, first: int, count: int, embeds: np.ndarray, extras: dict | None = None) -> np.ndarray:
         """Append S tokens to slots first..first+count-1 (their rotary rows written): embeds float32 [count, S, d]
-        -> logits float32 [count, V] of each slot's last new token."""
+        and the decoder extras {input name: float32 [count, S, d]} (zeros for those not given) -> logits float32
+        [count, V] of each slot's last new token."""
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
         total = self.lengths[slots] + s
         if total.max() > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {int(total.max())} requested")
         binding = self.session.io_binding()
-        binding.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, np.float32))
+        embeds = np.ascontiguousarray(embeds, np.float32)
+        binding.bind_cpu_input("inputs_embeds", embeds)
+        for name, value in extra_feeds(self.extra_names, extras, embeds).items():
+            binding.bind_cpu_input(name, value)
         binding.bind_cpu_input("seqlens_k", (total - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
         binding.bind_cpu_input("rotary_cos", self.cos)
@@ -126,10 +136,12 @@ class OrtFormDecoderSession:
             self.capacity = capacity
         self._slots.lengths[0] = 0
 
-    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Append S tokens: inputs_embeds [1, S, d], position_ids int64 [1, S] or [R, 1, S] -> logits [V]."""
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Append S tokens: inputs_embeds [1, S, d], position_ids int64 [1, S] or [R, 1, S], decoder extras
+        {name: [1, S, d]} (zeros for those not given) -> logits [V]."""
         self._slots.write_rows(0, _positions(position_ids))
-        return self._slots.run(0, 1, inputs_embeds)[0]
+        return self._slots.run(0, 1, inputs_embeds, extras)[0]
 
     def snapshot(self) -> KVSnapshot:
         """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd]."""
@@ -181,15 +193,17 @@ class BatchDecoder:
         """Tokens request `handle` has in the cache."""
         return int(self._slots.lengths[self._order.index(handle)])
 
-    def join(self, inputs_embeds: np.ndarray, positions: np.ndarray) -> tuple[int, np.ndarray]:
-        """Prefill a new request: inputs_embeds float32 [1, S, d], positions int64 [R, S] -> (handle, logits [V]).
+    def join(self, inputs_embeds: np.ndarray, positions: np.ndarray,
+             extras: dict[str, np.ndarray] | None = None) -> tuple[int, np.ndarray]:
+        """Prefill a new request: inputs_embeds float32 [1, S, d], positions int64 [R, S], decoder extras
+        {name: float32 [1, S, d]} (contract v4; zeros for those not given) -> (handle, logits [V]).
         ValueError (one line) when every slot is taken or S exceeds the capacity."""
         if len(self._order) >= self.max_batch:
             raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
         slot = len(self._order)
         self._slots.lengths[slot] = 0
         self._slots.write_rows(slot, positions)
-        logits = self._slots.run(slot, 1, inputs_embeds)[0]
+        logits = self._slots.run(slot, 1, inputs_embeds, extras)[0]
         handle, self._next = self._next, self._next + 1
         self._order.append(handle)
         return handle, logits
@@ -211,19 +225,21 @@ class BatchDecoder:
         if len(self._order) + k > self.max_batch:
             raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
                              f"{k} asked); leave one first")
+        inputs = [(e, p, x[0] if x else None) for e, p, *x in inputs]  # decoder extras {name: [S_i, d]} optional
         starts = [0 if p is None else p.length for p in prefixes]
-        need = max(st + len(e) + 1 for st, (e, _) in zip(starts, inputs))
+        need = max(st + len(e) + 1 for st, (e, _, _) in zip(starts, inputs))
         if need > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
         handles = []
-        for (embeds, positions), prefix in zip(inputs, prefixes):
+        for (embeds, positions, extras), prefix in zip(inputs, prefixes):
             slot = len(self._order)
             self._slots.lengths[slot] = 0
             if prefix is not None:
                 self._restore(slot, prefix)
             if len(embeds):
                 self._slots.write_rows(slot, positions)
-                self._slots.run(slot, 1, np.asarray(embeds, np.float32)[None])
+                self._slots.run(slot, 1, np.asarray(embeds, np.float32)[None],
+                                {k: v[None] for k, v in extras.items()} if extras else None)
             handles.append(self._next)
             self._order.append(self._next)
             self._next += 1
@@ -247,7 +263,8 @@ class BatchDecoder:
         return KVSnapshot(n, keys, values)
 
     def step(self, feeds: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
-        """One token for every active request: {handle: (embedding float32 [d], position int64 [R])} ->
+        """One token for every active request: {handle: (embedding float32 [d], position int64 [R][, decoder
+        extras {name: [d]} or None])} ->
         {handle: logits float32 [V]}. Every active request must be fed (leave the ones that stop first)."""
         if set(feeds) != set(self._order):
             raise ValueError(f"step feeds requests {sorted(feeds)}; the batch holds {sorted(self._order)}")
@@ -255,7 +272,16 @@ class BatchDecoder:
         embeds = np.stack([feeds[h][0] for h in self._order])[:, None, :]
         for slot, h in enumerate(self._order):
             self._slots.write_rows(slot, np.asarray(feeds[h][1], dtype=np.int64).reshape(-1, 1))
-        logits = self._slots.run(0, count, embeds)
+        # decoder extras of a row that has them (a request's last prompt row may be a visual row): a third item
+        # {name: [d]}; the others' rows get zeros
+        given = [(i, feeds[h][2]) for i, h in enumerate(self._order) if len(feeds[h]) > 2 and feeds[h][2]]
+        extras = None
+        if given:
+            extras = {name: np.zeros_like(embeds) for name in self._slots.extra_names}
+            for i, x in given:
+                for name, value in x.items():
+                    extras[name][i, 0] = value
+        logits = self._slots.run(0, count, embeds, extras)
         return {h: logits[i] for i, h in enumerate(self._order)}
 
     def leave(self, handle: int) -> None:

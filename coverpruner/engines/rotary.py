@@ -3,7 +3,8 @@
 GroupQueryAttention (do_rotary=1) rotates query row s of batch entry b with row `position_ids[b, 0] + s` of
 its cos/sin cache. We feed, instead of a cache indexed by position, the rows of exactly the tokens of the
 call, so any position layout works: 1-D (LLaVA, re-packed), M-RoPE 3-D (Qwen2.5-VL: each half-dim section
-takes its frequencies from the T, H or W position), gaps left by pruning.
+takes its frequencies from the T, H or W position; Qwen3-VL: T/H/W interleaved slot by slot), gaps left by
+pruning.
 """
 
 from __future__ import annotations
@@ -17,21 +18,33 @@ def inv_freq(head_dim: int, theta: float) -> np.ndarray:
     return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
 
 
-def rotary_rows(positions: np.ndarray, head_dim: int, theta: float,
-                mrope_section: list[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [L, head_dim/2] float32 for positions [L] (1-D) or [3, L] (T/H/W, with `mrope_section`).
+def mrope_axes(mrope_section: list[int], half: int, interleaved: bool = False) -> np.ndarray:
+    """int64 [half]: which position row (0 = T, 1 = H, 2 = W) feeds each half-dim frequency slot.
 
-    M-RoPE (transformers' Qwen2.5-VL apply_multimodal_rotary_pos_emb): half-dim slot j uses the T position
-    for j < s0, H for s0 <= j < s0+s1, W after; the full-dim duplicate half repeats the same sections.
+    Blocks (Qwen2.5-VL's apply_multimodal_rotary_pos_emb): slot j is T for j < s0, H for s0 <= j < s0+s1, W after.
+    Interleaved (Qwen3-VL's apply_interleaved_mrope): slot j is H for j = 1, 4, .. < 3*s1, W for j = 2, 5, .. < 3*s2,
+    T elsewhere. ValueError (one line) unless the sections sum to ``half``.
     """
+    if mrope_section is None or len(mrope_section) != 3 or sum(mrope_section) != half:
+        raise ValueError(f"mrope_section must be 3 sizes summing to head_dim/2={half}, got {mrope_section}")
+    if not interleaved:
+        return np.repeat(np.arange(3), mrope_section)
+    axis = np.zeros(half, dtype=np.int64)
+    for row, offset in ((1, 1), (2, 2)):
+        axis[offset:3 * mrope_section[row]:3] = row
+    return axis
+
+
+def rotary_rows(positions: np.ndarray, head_dim: int, theta: float,
+                mrope_section: list[int] | None = None, interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [L, head_dim/2] float32 for positions [L] (1-D) or [3, L] (T/H/W, with `mrope_section`; the
+    layout of `mrope_axes`: blocks, or interleaved). The full-dim duplicate half repeats the same slots."""
     freq = inv_freq(head_dim, theta)
     pos = np.asarray(positions).astype(np.float32)
     if pos.ndim == 1:
         angles = pos[:, None] * freq[None, :]
     else:
-        if mrope_section is None or sum(mrope_section) != head_dim // 2:
-            raise ValueError(f"mrope_section must sum to head_dim/2={head_dim // 2}, got {mrope_section}")
-        axis = np.repeat(np.arange(3), mrope_section)  # [head_dim/2]: which of T/H/W feeds each slot
+        axis = mrope_axes(mrope_section, head_dim // 2, interleaved)  # [head_dim/2]: which of T/H/W feeds a slot
         angles = pos[axis, :].T * freq[None, :]
     # float32 angles (one correctly rounded product, as torch's float32 matmul of a rank-1 outer product).
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)

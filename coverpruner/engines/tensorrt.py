@@ -148,7 +148,7 @@ def axis_ranges(manifest: dict, options: BuildOptions) -> dict[str, tuple[int, i
     ctx = int(options.max_context or dims["max_position_embeddings"])
     # opt: a pruned prefill (budget visual tokens + a short prompt) and a prompt with all n visual tokens
     opt_budget = min(options.budgets[0], n)
-    prefill = min(ctx, opt_budget + 64)
+    prefill = min(ctx - 1, opt_budget + 64)  # a past length: at most ctx - 1, or the profile is invalid (opt > max)
     ranges = {
         "batch": (1, 1, options.max_batch),
         "seq": (1, min(ctx, n + 64), ctx),

@@ -22,7 +22,7 @@ import numpy as np
 from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names, read_raw
 
 from .cudart import DeviceBuffer, Stream
-from .interfaces import KVSnapshot, check_snapshot
+from .interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 from .tensorrt import (
     ENGINE_SUFFIX,
     EngineMismatchError,
@@ -250,11 +250,14 @@ class TrtDecoderSession:
         self.session = session
         self.num_layers, self.h, self.hd, self.vocab_size = num_layers, num_kv_heads, head_dim, vocab_size
         self.dtype = np.dtype(dtype)
-        names = {i.name for i in session.get_inputs()}
-        missing = sorted({*DECODER_INPUTS, *past_names(num_layers)} - names)
+        order = [i.name for i in session.get_inputs()]
+        missing = sorted({*DECODER_INPUTS, *past_names(num_layers)} - set(order))
         if missing:
             raise TrtSessionError(f"decoder engine lacks inputs {missing[:4]}")
         self._past, self._present = past_names(num_layers), present_names(num_layers)
+        #: the decoder extras (contract v4) the engine takes besides embeddings, positions and KV
+        self.extra_names = extra_inputs(order, (*DECODER_INPUTS, *self._past))
+        self._extras = {name: DeviceBuffer() for name in self.extra_names}
         self.capacity = 0
         self.length = 0
         self._cur = 0
@@ -273,9 +276,10 @@ class TrtDecoderSession:
         self._cur = 0
         self.length = 0
 
-    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray) -> np.ndarray:
-        """Append S tokens: inputs_embeds [1, S, d] (cache dtype), position_ids int64 [1, S] or [R, 1, S].
-        Returns logits [V]."""
+    def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
+                extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """Append S tokens: inputs_embeds [1, S, d] (cache dtype), position_ids int64 [1, S] or [R, 1, S], decoder
+        extras {name: [1, S, d]} (contract v4; zeros for those not given). Returns logits [V]."""
         ctx, stream = self.session.context, self.session.stream
         s = inputs_embeds.shape[1]
         total = self.length + s
@@ -288,6 +292,13 @@ class TrtDecoderSession:
         self._positions.upload(positions, stream)
         addresses = {"inputs_embeds": self._embeds.ptr, "position_ids": self._positions.ptr,
                      "attention_mask": self._mask.ptr}
+        try:
+            feeds = extra_feeds(self.extra_names, extras, embeds)
+        except ValueError as exc:
+            raise TrtSessionError(str(exc)) from None
+        for name, value in feeds.items():  # zeros at decode steps: [1, 1, d] uploads
+            self._extras[name].upload(value, stream)
+            shapes[name], addresses[name] = value.shape, self._extras[name].ptr
         src, dst = self._cur, 1 - self._cur
         for i in range(self.num_layers):
             for j in range(2):  # key, value

@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import MANIFEST, read_if_present, write_manifest
+from coverpruner.engine_dir import MANIFEST, extras_record, read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
@@ -128,15 +128,16 @@ def decoder_form_for(opts: ExportOptions) -> str:
     return opts.decoder_form
 
 
-def _export_ort_decoder(family, model, output: Path) -> tuple[SavedGraph, dict]:
-    """decoder.onnx in ORT form from the family's decoder weights -> (files, the entry's form and rotary)."""
+def _export_ort_decoder(family, model, config, output: Path) -> tuple[SavedGraph, dict]:
+    """decoder.onnx in ORT form from the family's decoder weights and extras -> (files, the entry's form and
+    rotary)."""
     from coverpruner.export.ortform.decoder_graph import build_ort_decoder
 
     try:
         weights = family.decoder_weights(model)
+        path = build_ort_decoder(weights, output / "decoder.onnx", "fp32", extras=family.decoder_spec(config).extras)
     except ValueError as exc:
         raise ExportError(f"--decoder-form ort: {exc}") from None
-    path = build_ort_decoder(weights, output / "decoder.onnx", "fp32")
     data = path.with_name(data_file_name(path))
     return SavedGraph(path, [data.name] if data.is_file() else []), {"form": "ort", "rotary": weights.rotary}
 
@@ -168,7 +169,7 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
         if g == "selector":
             saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
         elif g == "decoder" and decoder_form_for(opts) == "ort":
-            saved, extra = _export_ort_decoder(family, model, output)
+            saved, extra = _export_ort_decoder(family, model, config, output)
         else:
             spec = specs.pop(g)
             saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
@@ -176,6 +177,9 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
                                  _use_external(opts.external_data, _param_bytes(spec.module)))
             del spec
             gc.collect()
+        declared = family.decoder_spec(config).extras if g == "decoder" else ()
+        if declared:  # contract v4: the runtime feeds the extras from this record, without family code
+            extra["extras"] = extras_record(declared)
         seconds[g] = time.perf_counter() - t0
         entries[g] = {**graph_entry(saved), **extra}
         bar.update()

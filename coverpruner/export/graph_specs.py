@@ -36,11 +36,14 @@ def position_axes(rank: int, batch, seq) -> dict:
     return {k: v for k, v in axes.items() if v is not None}
 
 
-def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16) -> dict[str, ExportSpec]:
+def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16,
+                     extras=()) -> dict[str, ExportSpec]:
     """ExportSpec of embed, probe and decoder for ``model`` (family adapter ``family``).
 
     dims: the manifest dims (hidden_size, num_layers, num_kv_heads, head_dim, vocab_size). dtype: torch float
     dtype of the graphs. rank: position rank R. num_visual: example visual-column count of the probe.
+    extras: the decoder extras (contract.DecoderExtra), inputs float [B,S,d] after the past KV, on inputs_embeds'
+    axes (so TensorRT profiles give them inputs_embeds' ranges).
     """
     import torch
     from torch.export import Dim
@@ -71,8 +74,11 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     past_dim = Dim("past_sequence", min=0)
     shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, position_axes(rank, batch, seq),
               tuple({0: batch, 2: past_dim} for _ in past))
-    module = DecoderGraph(family.language_model(model), family.lm_head(model)).eval()
-    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers)],
+    if extras:  # one more tuple argument (a family without extras exports the v3 graph unchanged)
+        args += (tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras),)
+        shapes += (tuple({0: batch, 1: seq} for _ in extras),)
+    module = DecoderGraph(family.language_model(model), family.lm_head(model), extras).eval()
+    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers), *(e.name for e in extras)],
                                   [LOGITS, *present_names(layers)], shapes)
     return specs
 
@@ -81,5 +87,6 @@ def graph_specs(family, model, config, dtype) -> dict[str, ExportSpec]:
     """ExportSpec of vision, embed, probe and decoder: the family's parts wrapped here (position rank, dims and
     probe example from the family, contract.Family) plus the family's own vision spec."""
     specs = text_graph_specs(family, model, family.dims(config), dtype, rank=family.position_rank,
-                             num_visual=family.probe_example_visual(config))
+                             num_visual=family.probe_example_visual(config),
+                             extras=family.decoder_spec(config).extras)
     return {**family.export_specs(model, config, dtype), **specs}

@@ -46,6 +46,9 @@ class ProbeGraph(nn.Module):
         super().__init__()
         self.norm, self.q_proj, self.k_proj, self.rotary = parts.norm, parts.q_proj, parts.k_proj, parts.rotary
         self.apply_rope = parts.apply_rope
+        # the q/k-norm attention variant: per-head RMSNorm over hd before rotary (identity for plain attention)
+        self.q_norm = parts.q_norm if parts.q_norm is not None else nn.Identity()
+        self.k_norm = parts.k_norm if parts.k_norm is not None else nn.Identity()
         self.h, self.hkv, self.hd, self.scaling = parts.num_heads, parts.num_kv_heads, parts.head_dim, parts.scaling
 
     def forward(self, inputs_embeds, position_ids, visual_positions, instruction_positions):
@@ -54,8 +57,8 @@ class ProbeGraph(nn.Module):
         n_q = instruction_positions.shape[0]
         cos, sin = self.rotary(hidden, position_ids)  # [1,L,hd], in hidden.dtype like HF
         q_in = hidden.index_select(1, instruction_positions)  # [1,T,d]
-        q = self.q_proj(q_in).view(1, n_q, self.h, self.hd).transpose(1, 2)  # [1,H,T,hd]
-        k = self.k_proj(hidden).view(1, seq, self.hkv, self.hd).transpose(1, 2)  # [1,Hkv,L,hd]
+        q = self.q_norm(self.q_proj(q_in).view(1, n_q, self.h, self.hd)).transpose(1, 2)  # [1,H,T,hd]
+        k = self.k_norm(self.k_proj(hidden).view(1, seq, self.hkv, self.hd)).transpose(1, 2)  # [1,Hkv,L,hd]
         cos_q, sin_q = cos.index_select(1, instruction_positions), sin.index_select(1, instruction_positions)
         q, _ = self.apply_rope(q, q, cos_q, sin_q)
         k, _ = self.apply_rope(k, k, cos, sin)
@@ -74,24 +77,46 @@ class DecoderGraph(nn.Module):
     """One graph for prefill (P=0) and decode (S=1) of the unchanged HF decoder stack.
 
     Inputs: inputs_embeds float [B,S,d], attention_mask int64 [B,P+S], position_ids int64 [B,S] or [R,B,S],
-    past key/value float [B,Hkv,P,hd] per layer (flat: k0, v0, k1, v1, ...).
+    past key/value float [B,Hkv,P,hd] per layer (flat: k0, v0, k1, v1, ...), then the decoder extras
+    (contract v4) float [B,S,d] each, zero where a row has none.
     Outputs: logits float [B,1,V] of the last position, present key/value [B,Hkv,P+S,hd] per layer.
     The flat past tensors are wrapped in a transformers DynamicCache so HF's own layers, causal mask
-    and cache update run unchanged.
+    and cache update run unchanged. extras: contract.DecoderExtra items; extra k is added to the output of
+    ``language_model.layers[after_layer]`` by a forward hook (HF's layers stay unchanged, as DeepStack adds it).
     """
 
-    def __init__(self, language_model, lm_head):
+    def __init__(self, language_model, lm_head, extras=()):
         super().__init__()
         self.lm, self.head = language_model, lm_head
         self.num_layers = language_model.config.num_hidden_layers
+        self.extras = tuple(extras)
+        self._feeding: tuple = ()
+        for k, extra in enumerate(self.extras):
+            if not 0 <= extra.after_layer < self.num_layers:
+                raise ValueError(f"decoder extra {extra.name!r} enters after layer {extra.after_layer}; the decoder "
+                                 f"has {self.num_layers} layers")
+            language_model.layers[extra.after_layer].register_forward_hook(self._adder(k))
 
-    def forward(self, inputs_embeds, attention_mask, position_ids, past):
+    def _adder(self, k: int):
+        def hook(module, args, output):
+            if not self._feeding:  # the HF stack run outside this graph (e.g. the probe's reference)
+                return output
+            if isinstance(output, tuple):  # transformers versions whose layers return (hidden, ...)
+                return (output[0] + self._feeding[k].to(output[0].dtype), *output[1:])
+            return output + self._feeding[k].to(output.dtype)
+        return hook
+
+    def forward(self, inputs_embeds, attention_mask, position_ids, past, extras=()):
         from transformers import DynamicCache
 
         cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)],
                              config=self.lm.config)
-        out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                      past_key_values=cache, use_cache=True)
+        self._feeding = tuple(extras)
+        try:
+            out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+        finally:
+            self._feeding = ()
         logits = self.head(out.last_hidden_state[:, -1:, :])
         present = []
         for layer in cache.layers:

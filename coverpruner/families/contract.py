@@ -1,4 +1,4 @@
-"""The family contract (v3): what export, engines and runtime ask a model family, typed.
+"""The family contract (v4): what export, engines and runtime ask a model family, typed.
 
 A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one package under families/ with a class satisfying
 `Family`, registered by the `FAMILY = FamilyEntry(...)` its package's __init__ declares (the registry,
@@ -17,6 +17,8 @@ imports another family. One request, as the runtime drives it (shapes for batch 
     selector(V = rows[candidates], relevance)  -> keep [m] (indices into the candidates)
     kept rows = candidates[keep] U always_kept  (all S rows for budget "full")
     pruned sequence = text tokens + kept rows in native order; pruned_positions -> int64 [R, L']
+    decoder extras (v4, DecoderSpec): ImageSpan.extras[name] [S, d] gathered with the same kept rows, zero at
+        text rows, fed beside inputs_embeds at prefill (zeros at decode) and added after decoder layer k
     decode: the t-th generated token sits at decode_position(t) -> int64 [R]
 
 Family modules import torch/transformers only inside export-time methods: the runtime imports them.
@@ -111,12 +113,15 @@ class ImageSpan:
     whatever the selection (LLaVA-NeXT newline_policy 'keep': the newline rows); empty otherwise.
     temporal: for a video, int64 [n] nondecreasing, the temporal patch of each candidate (selection within temporal
     windows groups candidates by it); None for an image.
+    extras: the family's decoder extras (contract v4, DecoderSpec.extras): {graph input name: float [S, d]} in the
+    graph float dtype, the same rows in the same order as ``rows`` (e.g. DeepStack features); empty without.
     """
 
     rows: np.ndarray
     candidates: np.ndarray
     always_kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     temporal: np.ndarray | None = None
+    extras: dict = field(default_factory=dict)
 
     @property
     def features(self) -> np.ndarray:
@@ -171,6 +176,8 @@ class ProbeParts:
     rotary(x, position_ids) -> (cos, sin) [1,L,hd] in x.dtype for the probe's position_ids ([1,L], or [R,1,L]
     for an M-RoPE family, which mixes its sections here); apply_rope(q, k, cos, sin) -> (q, k) for
     [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
+    q_norm, k_norm: the attention variant with per-head RMSNorm (Qwen3, Qwen3-VL): modules [.., hd] -> [.., hd]
+    applied to each head's query / key before rotary; None for plain attention.
     """
 
     norm: Any
@@ -182,6 +189,8 @@ class ProbeParts:
     num_kv_heads: int
     head_dim: int
     scaling: float
+    q_norm: Any = None
+    k_norm: Any = None
 
 
 @dataclass
@@ -204,13 +213,15 @@ class DecoderLayerWeights:
     gate: np.ndarray
     up: np.ndarray
     down: np.ndarray
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
 
 
 @dataclass
 class DecoderWeights:
     """The text decoder as arrays, for graphs written op by op (export/ortform): layers, final norm [d], lm_head
     [V, d], RMSNorm epsilon, head counts and head_dim, and rotary {"theta": float, "mrope_section": [t, h, w] or
-    None}."""
+    None, "mrope_interleaved": bool} (engines/rotary.py: sections in blocks, or interleaved as Qwen3-VL's)."""
 
     layers: list[DecoderLayerWeights]
     norm: np.ndarray
@@ -220,6 +231,29 @@ class DecoderWeights:
     num_kv_heads: int
     head_dim: int
     rotary: dict
+
+
+@dataclass(frozen=True)
+class DecoderExtra:
+    """One extra per-row decoder input (contract v4): features added to the hidden states that decoder layer
+    ``after_layer`` (0-based) outputs, at the rows that carry them (DeepStack: after layer k, the k-th level of
+    visual features at the visual rows).
+
+    name: the decoder graph's input (float [B, S, d], zero where a row has none; "visual_extra.{k}" by
+    convention) and the key of ImageSpan.extras that holds each image's [S_img, d] rows.
+    """
+
+    name: str
+    after_layer: int
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    """What a family's decoder takes besides embeddings, positions and KV (contract v4). extras: the extra
+    per-row inputs, in graph-input order (empty: the v3 decoder). Export records them in the manifest
+    (graphs.decoder.extras); engines and runtime read that record, never the family."""
+
+    extras: tuple[DecoderExtra, ...] = ()
 
 
 @dataclass
@@ -336,6 +370,11 @@ class Family(Protocol):
 
     def probe_example_visual(self, config) -> int:
         """Visual-column count of the probe graph's example inputs (any n >= 2; the axis stays dynamic)."""
+
+    def decoder_spec(self, config) -> DecoderSpec:
+        """The decoder's extra inputs (contract v4; the HF base: none). Each extra's features come from the
+        family's vision graph through ImageSpan.extras; export adds them after the named layers of
+        `language_model(model).layers` (standard form) or of `decoder_weights` (ORT form)."""
 
     def manifest_fields(self, config, model_dir) -> dict:
         """The family's part of manifest.json: dims, visual {max_visual_tokens, position_rank, position_mode},

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import ConversationLayout, DecoderLayerWeights, DecoderWeights, ProbeParts
+from coverpruner.families.contract import (ConversationLayout, DecoderLayerWeights, DecoderSpec, DecoderWeights,
+                                           ProbeParts)
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -258,6 +259,12 @@ def chat_layout(image_token: str, expand_image_token: str, bos: str, position_id
     }
 
 
+def _norm_weight(attn, name: str):
+    """float32 [hd] scale of the attention's per-head RMSNorm ``name`` (q_norm / k_norm), None without one."""
+    norm = getattr(attn, name, None)
+    return None if norm is None else norm.weight.detach().float().numpy().copy()
+
+
 class HFFamily:
     """Export-time base of an adapter for an HF ``*ForConditionalGeneration`` checkpoint (contract.Family).
 
@@ -268,6 +275,9 @@ class HFFamily:
     model_class: str = ""
     image_token: str = ""
     position_rank = 1
+    #: the rotary layout of an M-RoPE decoder: False = sections in blocks (Qwen2.5-VL), True = interleaved
+    #: T/H/W frequencies (Qwen3-VL); recorded in DecoderWeights.rotary for the ORT form's host rows
+    mrope_interleaved = False
     request_options = ()
     # Files copied next to the graphs so the runtime can tokenize / preprocess without the checkpoint.
     support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -330,7 +340,12 @@ class HFFamily:
             norm=lm.layers[0].input_layernorm, q_proj=attn.q_proj, k_proj=attn.k_proj, rotary=lm.rotary_emb,
             apply_rope=self.apply_rope(), num_heads=cfg.num_attention_heads,
             num_kv_heads=cfg.num_key_value_heads, head_dim=attn.head_dim, scaling=attn.scaling,
+            q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None),
         )
+
+    def decoder_spec(self, config) -> DecoderSpec:
+        """No decoder extras (contract v4): embeddings, positions and KV only."""
+        return DecoderSpec()
 
     def decoder_weights(self, model) -> DecoderWeights:
         """contract.Family.decoder_weights from the HF decoder stack (Llama / Qwen2 layer layout: self_attn.
@@ -354,10 +369,12 @@ class HFFamily:
                 input_norm=arr(layer.input_layernorm.weight), post_norm=arr(layer.post_attention_layernorm.weight),
                 q=arr(a.q_proj.weight), k=arr(a.k_proj.weight), v=arr(a.v_proj.weight), q_bias=arr(a.q_proj.bias),
                 k_bias=arr(a.k_proj.bias), v_bias=arr(a.v_proj.bias), o=arr(a.o_proj.weight),
-                gate=arr(m.gate_proj.weight), up=arr(m.up_proj.weight), down=arr(m.down_proj.weight)))
+                gate=arr(m.gate_proj.weight), up=arr(m.up_proj.weight), down=arr(m.down_proj.weight),
+                q_norm=_norm_weight(a, "q_norm"), k_norm=_norm_weight(a, "k_norm")))
         return DecoderWeights(layers, arr(lm.norm.weight), arr(self.lm_head(model).weight), float(cfg.rms_norm_eps),
                               cfg.num_attention_heads, cfg.num_key_value_heads, lm.layers[0].self_attn.head_dim,
-                              {"theta": float(theta), "mrope_section": list(section) if section else None})
+                              {"theta": float(theta), "mrope_section": list(section) if section else None,
+                               "mrope_interleaved": bool(section) and bool(self.mrope_interleaved)})
 
     def write_files(self, model, out_dir: Path) -> dict[str, str]:
         return {}  # by default the graphs and the support files are all the runtime needs

@@ -73,17 +73,19 @@ class LoopSlots:
         self.decoder, self.rank = decoder, position_rank
 
     def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
-        """inputs: [(embeds [S,d], positions int64 [R,S])] of one request (its rows after the restored prefix,
-        S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in one forward, exactly as a one-shot
-        prefill. The cache is reset to capacities[0] tokens."""
-        (embeds, positions), = inputs
+        """inputs: [(embeds [S,d], positions int64 [R,S], decoder extras {name: [S,d]} or None)] of one request
+        (its rows after the restored prefix, S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in
+        one forward, exactly as a one-shot prefill. The cache is reset to capacities[0] tokens."""
+        (embeds, positions, extras), = inputs
         self.decoder.reset(capacities[0])
         if prefixes[0] is not None:
             self.decoder.restore(prefixes[0])
-        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank))))]
+        extras = {k: v[None] for k, v in extras.items()} if extras else None
+        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank),
+                                                  extras=extras)))]
 
     def step(self, feeds: dict) -> dict:
-        """{0: (embedding [d], position int64 [R])} -> {0: logits [V]}."""
+        """{0: (embedding [d], position int64 [R])} -> {0: logits [V]} (a decode row: no decoder extras)."""
         (handle, (emb, pos)), = feeds.items()
         pos = np.asarray(pos, dtype=np.int64).reshape(-1, 1)
         return {handle: self.decoder.forward(emb[None, None], position_ids_input(pos, self.rank))}
@@ -108,11 +110,13 @@ class BatchSlots:
     def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
         """As LoopSlots.admit, but every request's last row is left out (logits None): it goes into the next
         batched step beside the other requests' tokens (BatchDecoder.admit says why)."""
-        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1]) for e, p in inputs], prefixes)
+        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1],
+                                       {k: v[:-1] for k, v in x.items()} if x else None) for e, p, x in inputs],
+                                     prefixes)
         return [(h, None) for h in handles]
 
     def step(self, feeds: dict) -> dict:
-        return self.decoder.step({h: (np.asarray(e, np.float32), p) for h, (e, p) in feeds.items()})
+        return self.decoder.step({h: (np.asarray(e, np.float32), *rest) for h, (e, *rest) in feeds.items()})
 
     def length(self, handle: int) -> int:
         return self.decoder.length(handle)
@@ -160,8 +164,9 @@ def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequ
     """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it, all
     requests admitted together in one call -> per request (slot handle, logits [V] of its last row, or None where
     the slots leave the last row to the next step: ``last_row`` through feed_decode)."""
-    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:])
-              for plan, native in zip(plans, natives)]
+    # the decoder extras (contract v4) are gathered with the same kept rows as the embeddings
+    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:],
+               native.extras_at(plan.rows[plan.cached:])) for plan, native in zip(plans, natives)]
     out = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
     for plan in plans:
         plan.prefix = None  # restored: the slot holds it now
@@ -170,8 +175,11 @@ def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequ
 
 
 def last_row(handle: int, plan: PrefillPlan, native: NativeSequence) -> tuple[int, np.ndarray, np.ndarray]:
-    """A feed_decode item for a request's last prompt row: (handle, embedding [d], positions int64 [R])."""
-    return handle, native.embeds[plan.rows[-1]], plan.positions[:, -1]
+    """A feed_decode item for a request's last prompt row: (handle, embedding [d], positions int64 [R], decoder
+    extras {name: [d]} or None)."""
+    extras = native.extras_at(plan.rows[-1:])
+    return handle, native.embeds[plan.rows[-1]], plan.positions[:, -1], (
+        {k: v[0] for k, v in extras.items()} if extras else None)
 
 
 def token_row(pipe, handle: int, state: DecodeState, embedding: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
@@ -187,7 +195,7 @@ def feed_decode(pipe, slots, items: list[tuple[int, np.ndarray, np.ndarray]]) ->
     """The one decode step: one row per request, (slot handle, embedding [d], positions int64 [R]) -> {handle:
     logits [V]} in one decoder call. A row is a generated token (token_row) or the last prompt row of a request
     admitted since the last step (last_row), whose logits start its answer."""
-    return slots.step({h: (e, p) for h, e, p in items})
+    return slots.step({h: (e, p, *x) for h, e, p, *x in items})
 
 
 # -- the loop -----------------------------------------------------------------------------------------

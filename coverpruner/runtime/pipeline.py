@@ -65,6 +65,15 @@ def _method_kwargs(request: Request) -> dict:
     return {o.name: request.options.get(o.name, o.default) for o in get_method(request.method).options}
 
 
+def _with_extras(digest: bytes, span) -> bytes:
+    """An image's feeds digest extended by its decoder extras' bytes (ImageSpan.extras, sorted by name)."""
+    h = hashlib.sha256(digest)
+    for name in sorted(span.extras):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(span.extras[name]).data)
+    return h.digest()
+
+
 def _video_facts(facts: dict) -> dict | None:
     """What a result reports of a video (grid_thw, num_frames, second_per_grid_t); None for an image."""
     if facts.get("kind") != "video":
@@ -463,8 +472,29 @@ class Pipeline:
         embeds[is_text] = self.embed(layout.input_ids[is_text])
         for span, where in zip(spans, layout.image_spans):
             embeds[where] = span.rows
+        extras = self._native_extras(spans, layout, L, d)
+        if extras and cache.enabled:  # a cached KV prefix holds the extras' effect: they are part of its identity
+            hashes = [_with_extras(h, span) for h, span in zip(hashes, spans)]
         times["embed"] = time.perf_counter() - t
-        return NativeSequence(visions, spans, layout, embeds, positions, times, hashes)
+        return NativeSequence(visions, spans, layout, embeds, positions, times, hashes, extras)
+
+    def _native_extras(self, spans: list, layout, length: int, d: int) -> dict[str, np.ndarray]:
+        """The decoder extras (contract v4, graphs.decoder.extras) over the native sequence: {name: float [L, d]},
+        each image's ImageSpan.extras[name] at its span's rows, zeros at the text rows; {} without extras.
+        ManifestError (one line) when an image span lacks a declared extra or brings an undeclared one."""
+        names = graph_spec(self.manifest, "decoder").extra_names
+        out = {name: np.zeros((length, d), dtype=self.float_dtype) for name in names}
+        for j, (span, where) in enumerate(zip(spans, layout.image_spans)):
+            if set(span.extras) != set(names):
+                raise ManifestError(f"{self.manifest.root / 'manifest.json'}: graphs.decoder.extras names "
+                                    f"{list(names)}; the family's image span {j} brings {sorted(span.extras)}")
+            for name in names:
+                rows = np.asarray(span.extras[name])
+                if rows.shape != (len(where), d):
+                    raise ManifestError(f"{self.manifest.root / 'manifest.json'}: decoder extra {name!r} of image "
+                                        f"{j} is {list(rows.shape)}; its span has [{len(where)}, {d}] rows")
+                out[name][where] = rows
+        return out
 
     def _selection_key(self, request: Request, native: NativeSequence, j: int) -> bytes:
         """The cache key of image j's selection with demand="turn": everything it reads (the native rows up to

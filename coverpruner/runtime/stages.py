@@ -55,8 +55,10 @@ class NativeSequence:
     [L], image_spans int64 [S_j] per image, instruction tokens per image and of the last user message).
     embeds: float [L,d] (graph float dtype): text embeddings with each image's rows at its span.
     positions: int64 [R,L], the family's native positions. image_hashes: per image, the digest of its vision
-    feeds (runtime.prefix_cache.feeds_hash). Everything per image is a list in image order (a generate request's
-    one image is index 0).
+    feeds (runtime.prefix_cache.feeds_hash), extended by its decoder extras when it has any. extras: the decoder
+    extras (contract v4) {graph input name: float [L,d]}, each image's ImageSpan.extras at its span, zeros at
+    text rows ({} without extras). Everything per image is a list in image order (a generate request's one image
+    is index 0).
     """
 
     visions: list
@@ -66,6 +68,7 @@ class NativeSequence:
     positions: np.ndarray
     timings: dict = field(default_factory=dict)
     image_hashes: list = field(default_factory=list)
+    extras: dict = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -78,6 +81,16 @@ class NativeSequence:
         mask = np.ones(self.length, dtype=bool)
         mask[self.layout.visual_positions] = False
         return mask
+
+    def extras_at(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The decoder extras of the fed rows (int64 [S] native indices): {name: float [S, d]}; None without
+        extras."""
+        return {name: values[rows] for name, values in self.extras.items()} or None
+
+    def extras_of(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The decoder extras of the fed rows (int64 [S] native indices): {name: float [1, S, d]}, gathered with the
+        same rows as the embeddings (the ``extras=`` of a DecoderLoop / BatchDecoder prefill); None without extras."""
+        return {name: values[rows][None] for name, values in self.extras.items()} or None
 
     def candidates_of(self, j: int) -> np.ndarray:
         """int64 [n_j]: image j's candidates' sequence indices (the probe's visual columns)."""

@@ -1,4 +1,4 @@
-"""Session fixtures for the conversation references: the three tiny checkpoints with their HF processor and
+"""Session fixtures for the conversation references: every family's tiny checkpoint with their HF processor and
 eager float32 model (`hf_family(name)`), sample images of different sizes and conversations.
 
 The checkpoints are tests/conftest.py's Builds of coverpruner.testing's tiny presets (fixtures only);
@@ -7,11 +7,16 @@ everything the references compute comes from transformers (tests/conversations/r
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
+
+from tests.family_matrix import family_folders
 
 pytest.importorskip("transformers", reason="the conversation references run the HF models")
 
-PRESETS = {"llava": "tiny", "llava_next": "llava-next-tiny", "qwen2_5_vl": "qwen2.5-vl-tiny"}
+#: family -> its tiny preset (tests/families/<name>/matrix.py PRESET: the checkpoint the matrix exports)
+PRESETS = {name: importlib.import_module(f"tests.families.{name}.matrix").PRESET for name in family_folders()}
 
 
 @pytest.fixture(scope="session")

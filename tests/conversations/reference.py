@@ -16,21 +16,31 @@ Issue 19's semantics, written from transformers' own processor, chat template an
         0..L'-1 and decode at L'+t; Qwen native[:, rows] and decode at max(native)+1+t in all three rows
     greedy decoding: an explicit loop over the HF model with those positions (not model.generate, so the
         self-tests comparing with model.generate check the loop too).
+
+What differs between families (how transformers loads, prepares and embeds one, its position rule) comes from the
+family's test package, tests/families/<name>/conversation.py (load, processor_inputs, image_features, POSITIONS,
+and where needed native_positions, newline_rows, before_generate, single_image_reference): every family folder of
+the test matrix is a conversation family, so a new family joins these tests by existing (and fails them until its
+conversation.py exists). Nothing here names a family.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 
+from tests.family_matrix import family_folders
 from tests.literal_selection import coverage_reference, divprune_reference
 
-FAMILIES = ("llava", "llava_next", "qwen2_5_vl")
+#: every family of the test matrix (tests/families/<name>/matrix.py): each must bring a conversation.py
+FAMILIES = tuple(family_folders())
 _SENTINEL = "\u2063TXT{}\u2063"  # invisible separator: no template or text here contains it
 
 
@@ -44,6 +54,7 @@ class HFFamily:
     ckpt: Path
     processor: object
     model: object
+    hooks: ModuleType  # tests/families/<name>/conversation.py
 
     @property
     def image_token_id(self) -> int:
@@ -56,32 +67,12 @@ class HFFamily:
 
 
 def load_family(name: str, ckpt: Path) -> HFFamily:
-    import transformers as tf
-
-    if name == "qwen2_5_vl":
-        processor = _qwen_processor(ckpt)
-        cls = tf.Qwen2_5_VLForConditionalGeneration
-    else:
-        processor = tf.AutoProcessor.from_pretrained(str(ckpt))
-        cls = tf.LlavaForConditionalGeneration if name == "llava" else tf.LlavaNextForConditionalGeneration
-    model = cls.from_pretrained(str(ckpt), dtype=torch.float32, attn_implementation="eager").eval()
-    return HFFamily(name, Path(ckpt), processor, model)
-
-
-def _qwen_processor(ckpt: Path):
-    """HF's Qwen2_5_VLProcessor with the PIL image processor; the video processor (torchvision) left out."""
-    from transformers import AutoTokenizer, Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    class _ImageOnly(Qwen2_5_VLProcessor):
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    return _ImageOnly(image_processor=Qwen2VLImageProcessorPil.from_pretrained(str(ckpt)),
-                      tokenizer=AutoTokenizer.from_pretrained(str(ckpt)), video_processor=None,
-                      chat_template=(Path(ckpt) / "chat_template.jinja").read_text())
+    """The family's HF processor and eager float32 model, loaded by its conversation hooks."""
+    hooks = importlib.import_module(f"tests.families.{name}.conversation")
+    if getattr(hooks, "POSITIONS", None) not in ("compact", "native"):
+        raise ValueError(f"tests/families/{name}/conversation.py: POSITIONS must be 'compact' or 'native'")
+    processor, model = hooks.load(ckpt)
+    return HFFamily(name, Path(ckpt), processor, model, hooks)
 
 
 # --- messages -----------------------------------------------------------------------------------------------------
@@ -158,7 +149,8 @@ class Native:
     """One conversation laid out by HF.
 
     ids int64 [L]; inputs: the processor's output (for model.generate); embeds float32 [1, L, d] (HF merge);
-    positions int64 [R, L] (R = 1 for LLaVA/NeXT: 0..L-1; R = 3 for Qwen2.5-VL: get_rope_index);
+    positions int64 [R, L] (the family's native_positions hook, else R = 1: 0..L-1; Qwen2.5-VL: R = 3,
+    get_rope_index);
     spans: per image j, int64 [S_j] positions in ids; candidates: per image, int64 [n_j] indices into its span
     (NeXT: not the image_newline rows); newline: per image, bool [S_j] (NeXT's image_newline rows, kept with
     newline_policy="keep"); image_message: per image, the index of the message holding it; features: per image,
@@ -184,9 +176,7 @@ class Native:
 
 
 def processor_inputs(fam: HFFamily, text: str, images: list) -> dict:
-    if fam.name == "qwen2_5_vl":
-        return fam.processor(images=images or None, text=[text], return_tensors="pt")
-    return fam.processor(images=images or None, text=text, return_tensors="pt")
+    return fam.hooks.processor_inputs(fam.processor, text, images)
 
 
 def _image_runs(ids: list[int], image_id: int) -> list[np.ndarray]:
@@ -225,43 +215,9 @@ def _overlapping(offsets, where, raw, image_id: int, char_spans) -> np.ndarray:
 
 
 def image_features(fam: HFFamily, inputs: dict) -> list[torch.Tensor]:
-    """Per image, its span rows [S_j, d] as HF computes them (NeXT: packed with image_newline rows)."""
-    model = fam.model
-    with torch.no_grad():
-        if fam.name == "llava":
-            cfg = model.config
-            out = model.get_image_features(pixel_values=inputs["pixel_values"],
-                                           vision_feature_layer=cfg.vision_feature_layer,
-                                           vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-            feats = out.pooler_output if hasattr(out, "pooler_output") else out
-        elif fam.name == "llava_next":
-            feats = model.get_image_features(pixel_values=inputs["pixel_values"],
-                                             image_sizes=inputs["image_sizes"]).pooler_output
-        else:
-            feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
-    return [f for f in feats]
-
-
-def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[tuple[int, int, int]],
-                           merge: int) -> np.ndarray:
-    """M-RoPE positions written from the rule (int64 [3, L]): text tokens count on from the current position in
-    all three rows; an image with grid (t, h, w) patches, g = (t, h/merge, w/merge), starting at position s
-    gets (s + ti, s + row, s + col) in row-major order, and the text after it starts at s + max(h, w)/merge."""
-    pos = np.zeros((3, len(ids)), dtype=np.int64)
-    starts = {int(span[0]): j for j, span in enumerate(spans)}
-    i, cur = 0, 0
-    while i < len(ids):
-        if i in starts:
-            j = starts[i]
-            t, h, w = grids[j][0], grids[j][1] // merge, grids[j][2] // merge
-            tt, hh, ww = np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij")
-            pos[:, i:i + t * h * w] = cur + np.stack([tt.ravel(), hh.ravel(), ww.ravel()])
-            i += t * h * w
-            cur += max(h, w)
-        else:
-            pos[:, i] = cur
-            i, cur = i + 1, cur + 1
-    return pos
+    """Per image, its span rows [S_j, d] as HF computes them (the family's hook; NeXT: packed with image_newline
+    rows)."""
+    return list(fam.hooks.image_features(fam.model, inputs))
 
 
 def native(fam: HFFamily, messages: list[dict]) -> Native:
@@ -285,21 +241,12 @@ def native(fam: HFFamily, messages: list[dict]) -> Native:
     for span, f in zip(runs, feats):
         assert f.shape[0] == span.size, (f.shape, span.size)
         embeds[0, torch.from_numpy(span)] = f.to(embeds.dtype)
-        if fam.name == "llava_next":
-            newline.append((f == fam.model.model.image_newline[None]).all(dim=1).numpy())
-        else:
-            newline.append(np.zeros(span.size, dtype=bool))
+        newline_rows = getattr(fam.hooks, "newline_rows", None)  # rows that are no candidates (NeXT's newlines)
+        newline.append(newline_rows(fam.model, f) if newline_rows else np.zeros(span.size, dtype=bool))
     candidates = [np.flatnonzero(~nl) for nl in newline]
 
-    if fam.name == "qwen2_5_vl" and images:
-        with torch.no_grad():
-            positions, _ = fam.model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                                          image_grid_thw=inputs["image_grid_thw"])
-        positions = positions[:, 0]
-    elif fam.name == "qwen2_5_vl":
-        positions = torch.arange(ids.numel())[None].expand(3, -1).clone()
-    else:
-        positions = torch.arange(ids.numel())[None]
+    native_positions = getattr(fam.hooks, "native_positions", None)
+    positions = native_positions(fam.model, inputs) if native_positions else torch.arange(ids.numel())[None]
     return Native(text, ids, inputs, embeds, positions, runs, candidates, newline, image_message, message_spans,
                   instr_turn, instr_latest, feats)
 
@@ -309,7 +256,7 @@ def native(fam: HFFamily, messages: list[dict]) -> Native:
 def layer0_attention(fam: HFFamily, nat: Native) -> torch.Tensor:
     """HF's layer-0 attention probabilities [H, L, L] over the full native sequence at native positions."""
     lm = fam.model.model.language_model
-    pos = nat.positions[:, None] if fam.name == "qwen2_5_vl" else nat.positions
+    pos = _model_positions(nat.positions)
     with torch.no_grad():
         out = lm(inputs_embeds=nat.embeds, position_ids=pos, output_attentions=True)
     return out.attentions[0][0].float()
@@ -372,34 +319,40 @@ def pruned_rows(nat: Native, sel: Selection) -> np.ndarray:
     return np.flatnonzero(~drop)
 
 
+def _model_positions(positions: torch.Tensor) -> torch.Tensor:
+    """Positions [R, L] -> the HF model's position_ids: [1, L] for R = 1, [R, 1, L] for M-RoPE (R = 3)."""
+    return positions if positions.shape[0] == 1 else positions[:, None]
+
+
 def greedy(fam: HFFamily, embeds: torch.Tensor, positions: torch.Tensor, steps: int, mask=None,
            next_position: int | None = None) -> list[int]:
     """Greedy loop on the HF model: prefill embeds [1, L', d] at positions [R, L'] (R = 1 or 3), then the t-th new
     token at next_position + t (all rows). Stops after `steps` tokens or at EOS (included)."""
     model = fam.model
-    qwen = fam.name == "qwen2_5_vl"
+    rank = positions.shape[0]
     mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
     start = int(positions.max()) + 1 if next_position is None else next_position
     out = []
     with torch.no_grad():
-        res = model(inputs_embeds=embeds, position_ids=positions[:, None] if qwen else positions,
-                    attention_mask=mask, use_cache=True)
+        res = model(inputs_embeds=embeds, position_ids=_model_positions(positions), attention_mask=mask,
+                    use_cache=True)
         for t in range(steps):
             tok = int(res.logits[0, -1].argmax())
             out.append(tok)
             if tok in fam.eos or t == steps - 1:
                 break
             mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-            pos = torch.full((3, 1, 1) if qwen else (1, 1), start + t, dtype=torch.long)
+            pos = torch.full((rank, 1, 1) if rank > 1 else (1, 1), start + t, dtype=torch.long)
             res = model(inputs_embeds=model.get_input_embeddings()(torch.tensor([[tok]])), position_ids=pos,
                         attention_mask=mask, past_key_values=res.past_key_values, use_cache=True)
     return out
 
 
 def pruned_positions(fam: HFFamily, nat: Native, rows: np.ndarray) -> tuple[torch.Tensor, int]:
-    """(positions [R, L'], first decode position): LLaVA/NeXT compact 0..L'-1 and L'; Qwen2.5-VL the kept rows'
-    native positions and max(native) + 1 (the position the next token has without pruning)."""
-    if fam.name == "qwen2_5_vl":
+    """(positions [R, L'], first decode position), by the family's POSITIONS rule: "compact" (LLaVA/NeXT) 0..L'-1
+    and L'; "native" (Qwen2.5-VL) the kept rows' native positions and max(native) + 1 (the position the next token
+    has without pruning)."""
+    if fam.hooks.POSITIONS == "native":
         return nat.positions[:, torch.from_numpy(rows)], int(nat.positions.max()) + 1
     return torch.arange(rows.size)[None], int(rows.size)
 
@@ -423,8 +376,8 @@ def chat(fam: HFFamily, messages: list[dict], budget="full", method: str = "cove
 
 
 def masked_chat(fam: HFFamily, nat: Native, sel: Selection, max_new_tokens: int) -> list[int]:
-    """Qwen2.5-VL: the full native sequence with the dropped image rows masked out (attention_mask 0): with native
-    positions pruning must equal this."""
+    """A "native"-positions family (Qwen2.5-VL): the full native sequence with the dropped image rows masked out
+    (attention_mask 0): with native positions pruning must equal this."""
     keep = pruned_rows(nat, sel)
     mask = torch.zeros(1, nat.ids.numel(), dtype=torch.long)
     mask[0, torch.from_numpy(keep)] = 1
@@ -437,8 +390,9 @@ def hf_generate(fam: HFFamily, messages: list[dict], max_new_tokens: int = 8) ->
     hf_messages, images = normalize(messages)
     text = fam.processor.apply_chat_template(hf_messages, add_generation_prompt=True, tokenize=False)
     inputs = processor_inputs(fam, text, images)
-    if fam.name == "qwen2_5_vl":
-        fam.model.model.rope_deltas = None  # stateful in HF: a previous call's deltas must not leak in
+    before = getattr(fam.hooks, "before_generate", None)
+    if before is not None:  # e.g. Qwen2.5-VL's rope deltas, stateful in HF: a previous call's must not leak in
+        before(fam.model)
     with torch.no_grad():
         out = fam.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, inputs["input_ids"].shape[1]:].tolist()

@@ -65,12 +65,13 @@ def test_span_rows_per_image(hf_family, fam_name):
 
 @pytest.mark.parametrize("conversation", sorted(CONVERSATIONS))
 def test_qwen_positions_follow_the_literal_rule(hf_family, conversation):
-    """get_rope_index over several images == the rule written out in reference.qwen_literal_positions."""
+    """get_rope_index over several images == the rule written out in qwen_literal_positions (Qwen2.5-VL's
+    conversation hooks, tests/families/qwen2_5_vl/conversation.py)."""
     fam = hf_family("qwen2_5_vl")
     nat = R.native(fam, CONVERSATIONS[conversation]())
     grids = [tuple(int(x) for x in g) for g in nat.inputs.get("image_grid_thw", [])]
     merge = fam.model.config.vision_config.spatial_merge_size
-    literal = R.qwen_literal_positions(nat.ids.tolist(), nat.spans, grids, merge)
+    literal = fam.hooks.qwen_literal_positions(nat.ids.tolist(), nat.spans, grids, merge)
     np.testing.assert_array_equal(nat.positions.numpy(), literal)
     if not grids:
         assert torch.equal(nat.positions, torch.arange(nat.ids.numel())[None].expand(3, -1))

@@ -73,6 +73,9 @@ def test_axis_ranges_follow_manifest_and_options():
     r = axis_ranges(fam, BuildOptions())
     assert r["num_tiles"] == (1, 5, 5) and r["num_visual"] == (1, 2880, 2880)
     assert axis_ranges(fam, BuildOptions(shapes={"num_tiles": (1, 3, 3)}))["num_tiles"] == (1, 3, 3)
+    # a short context (budget + 64 > context - 1): the past length's opt stays within its max (a valid profile)
+    r = axis_ranges(MANIFEST, BuildOptions(budgets=(64,), max_context=128))
+    assert r["past_sequence"] == (0, 127, 127) and r["total_sequence"] == (1, 128, 128)
 
 
 def test_input_profile_and_budget_profile():

@@ -7,11 +7,17 @@ Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D h
            total_sequence_length [] i32 (max over the batch of seqlens_k + 1),
            rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see engines/rotary.py),
            rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
-           past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update)
+           past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update),
+           then one [B, S, hidden] f32 input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
+           has none, so decode steps feed zeros)
   outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
 Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
 GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
+The q/k-norm attention variant (layer weights with q_norm / k_norm) runs separate Q, K, V MatMuls and a per-head
+RMSNormalization of Q and K before GQA (whose rotary comes after, as HF's Qwen3 attention). A decoder extra
+entering after layer i is added to that layer's MLP output before the residual add that the next norm fuses
+(HF adds it to the sum: the two orders differ by fp32 rounding only).
 """
 
 from __future__ import annotations
@@ -70,9 +76,10 @@ def quantize_4bit(weight_t: np.ndarray, block_size: int) -> tuple[np.ndarray, np
 
 
 def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", block_size: int = 32,
-                      accuracy_level: int = 4) -> Path:
+                      accuracy_level: int = 4, extras=()) -> Path:
     """Write `output` (.onnx + .onnx.data) from `weights` (contract.DecoderWeights) in ORT form; returns its path.
 
+    extras: the family's decoder extras (contract.DecoderExtra: input name, after_layer), each an extra graph input.
     precision "int4": every linear (lm_head included) is MatMulNBits, 4 bits, symmetric, `block_size` along K,
     activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
     ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
@@ -113,6 +120,24 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
         return y
 
     eps = float(c["eps"])
+    after = {}
+    for extra in extras:
+        if not 0 <= extra.after_layer < c["layers"]:
+            raise ValueError(f"decoder extra {extra.name!r} enters after layer {extra.after_layer}; the decoder has "
+                             f"{c['layers']} layers")
+        after.setdefault(extra.after_layer, []).append(extra.name)
+    heads_shape = {}
+
+    def head_norm(x: str, scale: np.ndarray, name: str) -> str:
+        """Per-head RMSNorm of x [B, S, heads*D] over each head's D values (the q/k-norm variant)."""
+        if "split" not in heads_shape:
+            heads_shape["split"] = init("heads_shape", np.array([0, 0, -1, D], np.int64))
+            heads_shape["flat"] = init("flat_shape", np.array([0, 0, -1], np.int64))
+        heads = node("Reshape", [x, heads_shape["split"]], [f"{name}/heads"])[0]
+        normed = node("RMSNormalization", [heads, init(f"{name}.weight", scale)], [f"{name}/normed"], axis=-1,
+                      epsilon=eps, stash_type=1)[0]
+        return node("Reshape", [normed, heads_shape["flat"]], [f"{name}/flat"])[0]
+
     x, residual = "inputs_embeds", None
     for i, lw in enumerate(weights.layers):
         ln_w = init(f"layers.{i}.input_layernorm", lw.input_norm)
@@ -125,13 +150,18 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
             h, _, _, residual = node("SkipSimplifiedLayerNormalization", [x, residual, ln_w],
                                      [f"l{i}/ln_in", f"l{i}/ln_in_mean", f"l{i}/ln_in_inv", f"l{i}/resid_in"],
                                      domain="com.microsoft", epsilon=eps)
-        wqkv = np.concatenate([lw.q, lw.k, lw.v], 0)
-        bqkv = None
-        if lw.q_bias is not None:
-            bqkv = np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
-        qkv = linear(h, wqkv, f"layers.{i}.qkv", bqkv)
+        if lw.q_norm is None:
+            wqkv = np.concatenate([lw.q, lw.k, lw.v], 0)
+            bqkv = None
+            if lw.q_bias is not None:
+                bqkv = np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
+            qkv = [linear(h, wqkv, f"layers.{i}.qkv", bqkv), "", ""]
+        else:  # q/k norm sits between the projections and GQA's rotary: Q and K go in separately
+            q = head_norm(linear(h, lw.q, f"layers.{i}.q_proj", lw.q_bias), lw.q_norm, f"layers.{i}.q_norm")
+            k = head_norm(linear(h, lw.k, f"layers.{i}.k_proj", lw.k_bias), lw.k_norm, f"layers.{i}.k_norm")
+            qkv = [q, k, linear(h, lw.v, f"layers.{i}.v_proj", lw.v_bias)]
         attn = node("GroupQueryAttention",
-                    [qkv, "", "", f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
+                    [*qkv, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
                      "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row"],
                     [f"l{i}/attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
                     num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0)[0]
@@ -146,6 +176,8 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
         act = node("Mul", [gate, sig], [f"l{i}/silu"])[0]
         prod = node("Mul", [act, up], [f"l{i}/silu_up"])[0]
         x = linear(prod, lw.down, f"layers.{i}.down_proj")
+        for name in after.get(i, ()):  # hidden = residual + x (+ extra): the next norm's skip input adds it
+            x = node("Add", [x, name], [f"l{i}/plus_{name}"])[0]
     # Last position first: norm and lm_head run on one row per batch entry (prefill S rows -> 1).
     last = init("last_index", np.array([-1], dtype=np.int64))
     x_last = node("Gather", [x, last], ["last/x"], axis=1)[0]
@@ -167,6 +199,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_shape))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_shape))
+    inputs += [helper.make_tensor_value_info(e.name, f32, ["batch", "sequence", H]) for e in extras]
     graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
     data.file.close()
