@@ -45,7 +45,8 @@ def test_layout_and_positions_equal_hf(qwen3_checkpoint, qwen3_hf, qwen3_export,
         want, _ = qwen3_hf.model.get_rope_index(ref["input_ids"], ref["mm_token_type_ids"],
                                                 image_grid_thw=ref["image_grid_thw"])
     np.testing.assert_array_equal(positions, want[:, 0].numpy())
-    assert positions.max() < positions.shape[1] - vision.num_candidates  # an image spans max(gh, gw)/2 positions
+    _, gh, gw = vision.facts["grid_thw"]  # the image spans max(gh, gw)/2 positions, not its n rows
+    assert positions.max() == positions.shape[1] - vision.num_candidates + max(gh, gw) // 2 - 1
 
 
 def test_chat_template_keeps_tools(qwen3_checkpoint):
