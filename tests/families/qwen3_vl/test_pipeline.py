@@ -34,7 +34,7 @@ def test_pruned_equals_reference(setup, qwen3_hf, budget):
     assert got.token_ids == ref.pruned_generate(qwen3_hf, req, keep, NEW, eos)
 
 
-@pytest.mark.parametrize("budget", ["full", 32, 8])
+@pytest.mark.parametrize("budget", ["full", 8])
 def test_zero_deepstack_changes_the_tokens(setup, qwen3_hf, budget):
     from tests.families.qwen3_vl import hf_reference as ref
 
