@@ -75,7 +75,9 @@ class DecoderCase:
     embeds float32 [B,L,d], mask int64 [B,L], positions the prefill's position_ids feed ([B,L] or [R,B,L]);
     hf_logits(step, token) -> float32 [B,V], HF's last-position logits at step 0 (prefill, token None) or after
     feeding `token`; step_inputs(step, token) -> (inputs_embeds [1,1,d], position_ids feed) of decode step
-    `step` >= 1; check_present(present) the family's checks of the prefill's present.* (list, 2 per layer).
+    `step` >= 1; check_present(present) the family's checks of the prefill's present.* (list, 2 per layer);
+    extras: the decoder extras of a contract-v4 decoder ({input name: float32 [B,L,d]}), fed at prefill and as zeros
+    [B,1,d] at decode steps (as the runtime feeds them).
     Generic checks: logits [B,1,V] within atol of HF's at every step, same greedy token, present length = the
     sequence so far, at least `min_distinct_tokens` different tokens (a constant answer would make it weak)."""
 
@@ -88,6 +90,7 @@ class DecoderCase:
     atol: float = 1e-4
     min_distinct_tokens: int = 1
     check_present: object = None
+    extras: dict | None = None
 
 
 def compact_decoder_case(hf_model, embeds, steps: int, min_distinct_tokens: int = 2) -> DecoderCase:

@@ -9,6 +9,9 @@ Presets:
   llava-next-7b    llava-v1.6-vicuna-7b widths (CLIP-L/336 + vicuna-7b, 672-px pinpoints).
   qwen2.5-vl-tiny  Qwen2.5-VL: a 64-wide window-attention ViT and Qwen2 decoder with M-RoPE.
   qwen2.5-vl-7b    Qwen2.5-VL-7B-Instruct widths.
+  qwen3-vl-tiny    Qwen3-VL: a 64-wide ViT (16-px patches, learned 8x8 position grid, DeepStack after blocks 0 and 1)
+                   and a Qwen3 decoder (q/k norm, interleaved M-RoPE).
+  qwen3-vl-2b/4b/8b  Qwen3-VL-{2B,4B,8B}-Instruct widths (shape-real, few layers).
 Each row names its family (registry name) and its writer ("module:function", testing/<family>_checkpoints.py),
 which turns the preset into an HF checkpoint directory; a new family adds rows here and its writer module.
 """
@@ -35,7 +38,7 @@ class Preset:
 
 @dataclass(frozen=True)
 class QwenPreset:
-    """Shapes of one random checkpoint: Qwen2_5_VLVisionConfig / Qwen2_5_VLTextConfig kwargs, pixel limits."""
+    """Shapes of one random checkpoint: Qwen2.5-VL / Qwen3-VL vision and text config kwargs, pixel limits."""
 
     vision: dict
     text: dict
@@ -45,6 +48,7 @@ class QwenPreset:
     init_range: float
     vision_layers: int | None = None
     family: str = "qwen2_5_vl"
+    extra: dict = field(default_factory=dict)  # further config kwargs (e.g. tie_word_embeddings)
     writer: str = "coverpruner.testing.qwen_checkpoints:write_qwen_checkpoint"
 
 
@@ -76,6 +80,22 @@ _LLAVA_7B = Preset(
 _V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
 
 _NEXT_WRITER = "coverpruner.testing.llava_next_checkpoints:write_next_checkpoint"
+
+_QWEN3_WRITER = "coverpruner.testing.qwen3_vl_checkpoints:write_qwen3_vl_checkpoint"
+# Qwen3-VL's processor limits (preprocessor_config.json of the Instruct checkpoints): 256..16384 visual tokens.
+_QWEN3_PIXELS = dict(min_pixels=65536, max_pixels=16777216)
+# the vision tower of the 2B / 4B checkpoints (the 8B has its own, wider one)
+_QWEN3_SMALL_VISION = dict(depth=24, hidden_size=1024, intermediate_size=4096, num_heads=16, patch_size=16,
+                           spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                           deepstack_visual_indexes=[5, 11, 17], hidden_act="gelu_pytorch_tanh")
+_QWEN3_ROPE = {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+
+
+def _qwen3_text(hidden: int, ffn: int, layers: int, heads: int) -> dict:
+    return dict(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-6,
+                vocab_size=151936, rope_parameters=_QWEN3_ROPE)
+
 
 PRESETS: dict[str, Preset | QwenPreset] = {
     "tiny": _TINY,
@@ -113,6 +133,35 @@ PRESETS: dict[str, Preset | QwenPreset] = {
                   num_key_value_heads=4, max_position_embeddings=128000, rms_norm_eps=1e-6, vocab_size=152064,
                   rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}),
         min_pixels=56 * 56, max_pixels=28 * 28 * 16384, dtype="float16", init_range=0.02, vision_layers=4,
+    ),
+    "qwen3-vl-tiny": QwenPreset(
+        vision=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64, patch_size=16,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                    deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh"),
+        text=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  # theta 1e4 as qwen2.5-vl-tiny: wrong positions change the answer; sections sum to head_dim / 2
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                   "mrope_interleaved": True}),
+        min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 160, dtype="float32", init_range=0.2,
+        family="qwen3_vl", writer=_QWEN3_WRITER,
+    ),
+    "qwen3-vl-2b": QwenPreset(
+        vision={**_QWEN3_SMALL_VISION, "out_hidden_size": 2048}, text=_qwen3_text(2048, 6144, 28, 16),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_vl", writer=_QWEN3_WRITER,
+        extra=dict(tie_word_embeddings=True),
+    ),
+    "qwen3-vl-4b": QwenPreset(
+        vision={**_QWEN3_SMALL_VISION, "out_hidden_size": 2560}, text=_qwen3_text(2560, 9728, 36, 32),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_vl", writer=_QWEN3_WRITER,
+        extra=dict(tie_word_embeddings=True),
+    ),
+    "qwen3-vl-8b": QwenPreset(
+        vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                    patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                    deepstack_visual_indexes=[8, 16, 24], hidden_act="gelu_pytorch_tanh"),
+        text=_qwen3_text(4096, 12288, 36, 32), **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4,
+        family="qwen3_vl", writer=_QWEN3_WRITER,
     ),
 }
 

@@ -173,6 +173,8 @@ class Native:
     instr_turn: list[np.ndarray]
     instr_latest: np.ndarray
     features: list[torch.Tensor] = field(default_factory=list)
+    #: per image, its DeepStack levels (a family with a deepstack_features hook: Qwen3-VL), each [S_j, d]
+    deepstack: list = field(default_factory=list)
 
 
 def processor_inputs(fam: HFFamily, text: str, images: list) -> dict:
@@ -247,8 +249,10 @@ def native(fam: HFFamily, messages: list[dict]) -> Native:
 
     native_positions = getattr(fam.hooks, "native_positions", None)
     positions = native_positions(fam.model, inputs) if native_positions else torch.arange(ids.numel())[None]
+    deepstack = getattr(fam.hooks, "deepstack_features", None)  # levels added after the first decoder layers
+    levels = list(deepstack(fam.model, inputs)) if deepstack and images else []
     return Native(text, ids, inputs, embeds, positions, runs, candidates, newline, image_message, message_spans,
-                  instr_turn, instr_latest, feats)
+                  instr_turn, instr_latest, feats, levels)
 
 
 # --- demand, selection, pruning, decoding -------------------------------------------------------------------------
@@ -325,9 +329,14 @@ def _model_positions(positions: torch.Tensor) -> torch.Tensor:
 
 
 def greedy(fam: HFFamily, embeds: torch.Tensor, positions: torch.Tensor, steps: int, mask=None,
-           next_position: int | None = None) -> list[int]:
+           next_position: int | None = None, deepstack=None) -> list[int]:
     """Greedy loop on the HF model: prefill embeds [1, L', d] at positions [R, L'] (R = 1 or 3), then the t-th new
-    token at next_position + t (all rows). Stops after `steps` tokens or at EOS (included)."""
+    token at next_position + t (all rows). Stops after `steps` tokens or at EOS (included). deepstack: (visual mask
+    bool [1, L'], levels [k, d] each) for a family with DeepStack, run through its `greedy_deepstack` hook."""
+    if deepstack is not None:
+        start = int(positions.max()) + 1 if next_position is None else next_position
+        return fam.hooks.greedy_deepstack(fam.model, embeds, _model_positions(positions), mask, deepstack, steps,
+                                          fam.eos, start)
     model = fam.model
     rank = positions.shape[0]
     mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
@@ -371,8 +380,21 @@ def chat(fam: HFFamily, messages: list[dict], budget="full", method: str = "cove
     sel = select(fam, nat, budget, method, demand, tau, newline_policy)
     rows = pruned_rows(nat, sel)
     positions, start = pruned_positions(fam, nat, rows)
-    tokens = greedy(fam, nat.embeds[:, torch.from_numpy(rows)], positions, max_new_tokens, next_position=start)
+    tokens = greedy(fam, nat.embeds[:, torch.from_numpy(rows)], positions, max_new_tokens, next_position=start,
+                    deepstack=_deepstack(nat, rows, sel.rows))
     return Answer(tokens, sel, rows)
+
+
+def _deepstack(nat: Native, rows: np.ndarray, kept: list[np.ndarray]):
+    """(visual mask bool [1, L'] over the sequence rows kept, per level its kept rows [k, d] gathered here, image by
+    image), or None without DeepStack."""
+    if not nat.deepstack:
+        return None
+    visual = np.concatenate([span[k] for span, k in zip(nat.spans, kept)])
+    mask = torch.from_numpy(np.isin(rows, visual))[None]
+    levels = [torch.cat([image[level][torch.from_numpy(k)] for image, k in zip(nat.deepstack, kept)])
+              for level in range(len(nat.deepstack[0]))]
+    return mask, levels
 
 
 def masked_chat(fam: HFFamily, nat: Native, sel: Selection, max_new_tokens: int) -> list[int]:
@@ -381,8 +403,10 @@ def masked_chat(fam: HFFamily, nat: Native, sel: Selection, max_new_tokens: int)
     keep = pruned_rows(nat, sel)
     mask = torch.zeros(1, nat.ids.numel(), dtype=torch.long)
     mask[0, torch.from_numpy(keep)] = 1
+    every = [np.arange(span.size) for span in nat.spans]  # DeepStack at every image row (dropped ones are masked)
     return greedy(fam, nat.embeds, nat.positions, max_new_tokens, mask=mask,
-                  next_position=int(nat.positions.max()) + 1)
+                  next_position=int(nat.positions.max()) + 1,
+                  deepstack=_deepstack(nat, np.arange(nat.ids.numel()), every))
 
 
 def hf_generate(fam: HFFamily, messages: list[dict], max_new_tokens: int = 8) -> list[int]:

@@ -85,7 +85,7 @@ def test_pruned_rows_are_text_plus_kept_rows_in_native_order(hf_family, fam_name
     kept = np.concatenate([span[cand[k]] for span, cand, k in zip(nat.spans, nat.candidates, sel.keep)])
     assert rows.tolist() == sorted(set(range(nat.ids.numel())) - set(image.tolist()) | set(kept.tolist()))
     positions, start = R.pruned_positions(fam, nat, rows)
-    if fam_name == "qwen2_5_vl":
+    if fam.hooks.POSITIONS == "native":  # Qwen2.5-VL, Qwen3-VL
         assert torch.equal(positions, nat.positions[:, torch.from_numpy(rows)])
         assert start == int(nat.positions.max()) + 1
     else:
@@ -105,10 +105,12 @@ def test_next_newline_rows(hf_family, fam_name):
         assert keep.rows[j].size == 16 + int(nl.sum()) and nl[keep.rows[j]].sum() == nl.sum()
 
 
+@pytest.mark.parametrize("fam_name", ["qwen2_5_vl", "qwen3_vl"])
 @pytest.mark.parametrize("conversation", ["two_turns", "three_images"])
-def test_qwen_pruning_is_masking(hf_family, conversation):
-    """With native positions, dropping rows == masking their columns in the full sequence (Qwen2.5-VL rule)."""
-    fam = hf_family("qwen2_5_vl")
+def test_qwen_pruning_is_masking(hf_family, fam_name, conversation):
+    """With native positions, dropping rows == masking their columns in the full sequence (Qwen2.5-VL rule; Qwen3-VL
+    with its DeepStack rows gathered with the kept rows, and added at every row of the masked sequence)."""
+    fam = hf_family(fam_name)
     nat = R.native(fam, CONVERSATIONS[conversation]())
     sel = R.select(fam, nat, 16)
     ans = R.chat(fam, CONVERSATIONS[conversation](), budget=16, max_new_tokens=STEPS)

@@ -1,0 +1,16 @@
+"""Qwen3-VL: the adapter (family.py, export time), its run-time rules (runtime.py), preprocessing (preprocess.py),
+the vision graph's host tables (vision.py), M-RoPE positions (positions.py), all numpy; the export-time torch vision
+wrapper (graphs.py). DeepStack levels are decoder extras (contract v4)."""
+
+from coverpruner.families.contract import FamilyEntry
+from coverpruner.families.qwen3_vl.family import Qwen3VLFamily
+from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN, Qwen3VLRuntime
+
+# Found by the registry (families/__init__.py): adapter, HF model types, coverpruner-export aliases.
+FAMILY = FamilyEntry("coverpruner.families.qwen3_vl:Qwen3VLFamily", ("qwen3_vl",), {
+    "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct",
+    "qwen3-vl-4b": "Qwen/Qwen3-VL-4B-Instruct",
+    "qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Instruct",
+})
+
+__all__ = ["FAMILY", "IMAGE_TOKEN", "Qwen3VLFamily", "Qwen3VLRuntime"]

@@ -1,0 +1,142 @@
+"""Random-weight Qwen3-VL checkpoints in the HF format, written locally (no downloads).
+
+`write_qwen3_vl_checkpoint(output, preset)` writes config.json (Qwen3VLConfig), model.safetensors, the byte-level
+BPE test tokenizer (testing/qwen_checkpoints.py's, Qwen's specials), preprocessor_config.json (Qwen2-VL image
+processor with Qwen3-VL's 16-px patches and 0.5 mean/std) and the tool-capable chat template of the
+Qwen3-VL-*-Instruct checkpoints (no default system turn; tools, tool calls and tool responses rendered as there), so
+`Qwen3VLForConditionalGeneration` loads the directory like a hub checkpoint.
+
+Presets (testing/presets.py): qwen3-vl-tiny (64 wide, 3 vision blocks with DeepStack after blocks 0 and 1, 2
+decoder layers, q/k norm, interleaved mrope_section [2, 3, 3]); qwen3-vl-2b / 4b / 8b (real widths, fp16) with
+`layers` decoder layers (default 2) and `vision_layers` (preset: 4) vision blocks whose DeepStack levels keep
+their count and sit after blocks 0, 1, 2 (the real checkpoints' blocks are deeper than 4).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from coverpruner.testing.common import default_dtype, randomize, round_up
+from coverpruner.testing.presets import presets_of
+from coverpruner.testing.qwen_checkpoints import QWEN_SPECIALS, train_qwen_tokenizer
+
+QWEN3_VL_PRESETS = presets_of("qwen3_vl")
+
+# The chat template of Qwen/Qwen3-VL-*-Instruct (ChatML; a system turn only when given; tools in the system turn).
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{%- if messages[0].content "
+    "is string %}{{- messages[0].content }}{%- else %}{%- for content in messages[0].content %}{%- if 'text' in "
+    "content %}{{- content.text }}{%- endif %}{%- endfor %}{%- endif %}{{- '\\n\\n' }}{%- endif %}{{- \"# Tools\\n\\n"
+    "You may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures "
+    "within <tools></tools> XML tags:\\n<tools>\" }}{%- for tool in tools %}{{- \"\\n\" }}{{- tool | tojson }}"
+    "{%- endfor %}{{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, "
+    "\\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}{%- else %}{%- if messages[0].role == "
+    "'system' %}{{- '<|im_start|>system\\n' }}{%- if messages[0].content is string %}{{- messages[0].content }}"
+    "{%- else %}{%- for content in messages[0].content %}{%- if 'text' in content %}{{- content.text }}{%- endif %}"
+    "{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endif %}"
+    "{%- set image_count = namespace(value=0) %}{%- set video_count = namespace(value=0) %}"
+    "{%- for message in messages %}{%- if message.role == \"user\" %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- else %}{%- for content in message.content %}"
+    "{%- if content.type == 'image' or 'image' in content or 'image_url' in content %}"
+    "{%- set image_count.value = image_count.value + 1 %}{%- if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif content.type == 'video' or 'video' in content %}{%- set video_count.value = video_count.value + 1 %}"
+    "{%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in content %}{{- content.text }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == \"assistant\" %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.content is string %}{{- message.content }}{%- else %}{%- for content_item in message.content %}"
+    "{%- if 'text' in content_item %}{{- content_item.text }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{%- if message.tool_calls %}{%- for tool_call in message.tool_calls %}{%- if (loop.first and message.content) "
+    "or (not loop.first) %}{{- '\\n' }}{%- endif %}{%- if tool_call.function %}{%- set tool_call = "
+    "tool_call.function %}{%- endif %}{{- '<tool_call>\\n{\"name\": \"' }}{{- tool_call.name }}"
+    "{{- '\", \"arguments\": ' }}{%- if tool_call.arguments is string %}{{- tool_call.arguments }}{%- else %}"
+    "{{- tool_call.arguments | tojson }}{%- endif %}{{- '}\\n</tool_call>' }}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- elif message.role == \"tool\" %}{%- if loop.first or (messages[loop.index0 - 1].role "
+    "!= \"tool\") %}{{- '<|im_start|>user' }}{%- endif %}{{- '\\n<tool_response>\\n' }}{%- if message.content is "
+    "string %}{{- message.content }}{%- else %}{%- for content in message.content %}{%- if content.type == 'image' "
+    "or 'image' in content or 'image_url' in content %}{%- set image_count.value = image_count.value + 1 %}"
+    "{%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif content.type == 'video' or 'video' in content %}{%- set video_count.value = video_count.value + 1 %}"
+    "{%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in content %}{{- content.text }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '\\n</tool_response>' }}{%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def build_qwen3_vl_config(preset_name: str, tokenizer, layers: int | None = None):
+    """Qwen3VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
+    from transformers import Qwen3VLConfig
+
+    p = QWEN3_VL_PRESETS[preset_name]
+    text = dict(p.text)
+    if layers is not None:
+        if layers < 1:
+            raise ValueError(f"--layers must be >= 1, got {layers}")
+        text["num_hidden_layers"] = layers
+    text.setdefault("vocab_size", round_up(tokenizer.get_vocab_size(), 64))
+    vision = dict(p.vision)
+    if p.vision_layers is not None:  # fewer blocks: keep every DeepStack level, after the first blocks
+        vision["depth"] = p.vision_layers
+        vision["deepstack_visual_indexes"] = list(range(min(len(vision["deepstack_visual_indexes"]),
+                                                            p.vision_layers)))
+    ids = {t: tokenizer.token_to_id(t) for t in QWEN_SPECIALS}
+    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                initializer_range=p.init_range)
+    vision["initializer_range"] = p.init_range
+    config = Qwen3VLConfig(
+        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
+    config.dtype = p.dtype
+    return config
+
+
+def qwen3_vl_image_processor(preset):
+    """The Qwen2-VL PIL image processor with the preset's pixel limits, 16-px patches and Qwen3-VL's 0.5 mean/std."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        size={"shortest_edge": preset.min_pixels, "longest_edge": preset.max_pixels},
+        patch_size=preset.vision["patch_size"], merge_size=preset.vision["spatial_merge_size"],
+        temporal_patch_size=preset.vision["temporal_patch_size"], image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5])
+
+
+def write_qwen3_vl_checkpoint(output: str | Path, preset: str = "qwen3-vl-tiny", layers: int | None = None,
+                              seed: int = 0) -> Path:
+    """Write a random-weight Qwen3-VL checkpoint of `preset` into `output`; returns the directory.
+
+    Weights: normal(0, init_range) for linears and embeddings, 1 + normal for norms (q/k norms included, so a
+    missing q/k norm shows); deterministic for a given seed. generation_config.json: greedy, stopping on
+    <|im_end|> and <|endoftext|>.
+    """
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLForConditionalGeneration
+
+    if preset not in QWEN3_VL_PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(QWEN3_VL_PRESETS)}")
+    p = QWEN3_VL_PRESETS[preset]
+    out = Path(output)
+    torch.manual_seed(seed)
+    tok = train_qwen_tokenizer(seed=seed)
+    config = build_qwen3_vl_config(preset, tok, layers)
+    out.mkdir(parents=True, exist_ok=True)
+    with default_dtype(getattr(torch, p.dtype)), torch.no_grad():
+        model = Qwen3VLForConditionalGeneration(config)
+        randomize(model, p.init_range)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.text_config.bos_token_id, pad_token_id=config.text_config.pad_token_id,
+        eos_token_id=[config.text_config.eos_token_id, config.text_config.bos_token_id], do_sample=False)
+    model.save_pretrained(out)
+    del model
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   model_max_length=262144, padding_side="left")
+    fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
+    fast.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    qwen3_vl_image_processor(p).save_pretrained(out)
+    (out / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
+    return out

@@ -1,0 +1,89 @@
+"""Qwen3-VL's hooks for the conversation reference (tests/conversations/reference.py): how transformers loads,
+prepares and embeds this family (M-RoPE positions from HF's get_rope_index, DeepStack levels from HF's
+get_image_features, the greedy loop over HF's text model with HF's own DeepStack arguments). Written from
+transformers."""
+
+from __future__ import annotations
+
+#: pruned positions: kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows
+POSITIONS = "native"
+
+
+def load(ckpt):
+    """HF's Qwen3VLProcessor (PIL image processor; the video processor, torchvision, left out) and the model."""
+    from tests.families.qwen3_vl.hf_qwen3 import hf_model, hf_processor
+
+    return hf_processor(ckpt), hf_model(str(ckpt))
+
+
+def processor_inputs(processor, text: str, images: list) -> dict:
+    return processor(images=images or None, text=[text], return_tensors="pt")
+
+
+def _vision(model, inputs: dict):
+    import torch
+
+    with torch.no_grad():
+        return model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+
+
+def image_features(model, inputs: dict) -> list:
+    return list(_vision(model, inputs).pooler_output)
+
+
+def deepstack_features(model, inputs: dict) -> list:
+    """Per image, its DeepStack levels [[S_j, d] per level] (the same rows as its main features)."""
+    levels = _vision(model, inputs).deepstack_features  # per level: a tuple of per-image tensors
+    return [[level[j] for level in levels] for j in range(len(levels[0]))]
+
+
+def native_positions(model, inputs: dict):
+    """int64 [3, L]: HF's get_rope_index (text only: 0..L-1 in all three rows)."""
+    import torch
+
+    ids = inputs["input_ids"]
+    if "image_grid_thw" not in inputs:
+        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
+    with torch.no_grad():
+        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
+                                                  image_grid_thw=inputs["image_grid_thw"])
+    return positions[:, 0]
+
+
+def greedy_deepstack(model, embeds, positions, mask, deepstack, steps: int, eos: set[int], start: int) -> list[int]:
+    """Greedy loop over HF's text model + lm_head: prefill with visual_pos_masks / deepstack_visual_embeds, decode
+    the t-th token at start + t in all rows."""
+    import torch
+    from transformers import DynamicCache
+
+    lm, head = model.model.language_model, model.lm_head
+    visual_mask, levels = deepstack
+    mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
+    cache, out = DynamicCache(config=lm.config), []
+    with torch.no_grad():
+        hidden = lm(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
+                    visual_pos_masks=visual_mask, deepstack_visual_embeds=levels).last_hidden_state
+        for t in range(steps):
+            tok = int(head(hidden[0, -1]).argmax())
+            out.append(tok)
+            if tok in eos or t == steps - 1:
+                break
+            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
+            hidden = lm(inputs_embeds=model.model.get_input_embeddings()(torch.tensor([[tok]])),
+                        position_ids=torch.full((3, 1, 1), start + t), attention_mask=mask, cache=cache,
+                        use_cache=True).last_hidden_state
+    return out
+
+
+def before_generate(model) -> None:
+    """HF keeps rope deltas between calls: a previous call's must not leak into model.generate."""
+    model.model.rope_deltas = None
+
+
+def single_image_reference(fam, img, prompt: str, budget: int, steps: int):
+    """(tokens, kept indices, relevance) from tests/families/qwen3_vl/hf_reference.py."""
+    from tests.families.qwen3_vl import hf_reference as ref
+
+    req = ref.native_request(fam.model, fam.ckpt, img, prompt)
+    keep = ref.select(fam.model, req, "coverpruner", budget)
+    return ref.pruned_generate(fam.model, req, keep, steps, fam.eos), keep, ref.layer0_relevance(fam.model, req)
