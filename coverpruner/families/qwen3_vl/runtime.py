@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coverpruner.families.contract import GridPanel, ImageSpan, NativeLayout, VisionInputs
+from coverpruner.families.contract import GridPanel, ImageSpan, VisionInputs
 from coverpruner.families.hf import HFRuntime
 from coverpruner.families.qwen3_vl.positions import decode_position, native_positions
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, preprocess_image
@@ -61,12 +61,6 @@ class Qwen3VLRuntime(HFRuntime):
                 raise ValueError(f"vision graph returned {name} {list(got.shape)}, expected [{n}, d]")
         return ImageSpan(outputs["image_features"], np.arange(n, dtype=np.int64),
                          extras={name: outputs[name] for name in self.extras})
-
-    def layout(self, tokenizer, prompt: str, num_image_rows: int) -> NativeLayout:
-        """The checkpoint's chat template around [image, prompt], <|image_pad|> expanded to n (no BOS)."""
-        if any(m in prompt for m in self.reserved_strings):
-            raise ValueError("the prompt must not contain the image markers '<|vision_start|>' / '<|vision_end|>'")
-        return super().layout(tokenizer, prompt, num_image_rows)
 
     def native_positions(self, layout, visions) -> np.ndarray:
         """int64 [3, L]: get_rope_index's positions of the full native sequence (visions: the images in order)."""

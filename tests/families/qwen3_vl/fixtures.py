@@ -46,7 +46,7 @@ def sample_image(seed: int = 0, size=(200, 240)):
 
 
 def our_request(engine_dir: Path, image, prompt: str):
-    """The family runtime's view of one request: (VisionInputs, NativeLayout, native positions int64 [3, L])."""
+    """The family runtime's view of one request: (VisionInputs, ConversationLayout, native positions int64 [3, L])."""
     from tokenizers import Tokenizer
 
     from coverpruner.engine_dir import load_manifest
@@ -54,5 +54,7 @@ def our_request(engine_dir: Path, image, prompt: str):
 
     rt = get_family("qwen3_vl").runtime(load_manifest(engine_dir))
     vision = rt.prepare_image(image, {})
-    layout = rt.layout(Tokenizer.from_file(str(Path(engine_dir) / "tokenizer.json")), prompt, vision.num_candidates)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    layout = rt.conversation_layout(Tokenizer.from_file(str(Path(engine_dir) / "tokenizer.json")), messages,
+                                    [vision.num_candidates])
     return vision, layout, rt.native_positions(layout, vision)

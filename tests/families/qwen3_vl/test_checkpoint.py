@@ -48,5 +48,10 @@ def test_bad_images_are_one_line_errors(qwen3_export):
     with pytest.raises(ImageError) as err:
         rt.prepare_image(b"not an image", {})
     assert "\n" not in str(err.value)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(qwen3_export / "tokenizer.json"))
     with pytest.raises(ValueError, match="image markers"):
-        rt.layout(None, "look: <|vision_start|>", 4)
+        rt.conversation_layout(tok, [{"role": "user", "content": [{"type": "image"},
+                                                                   {"type": "text", "text": "look: <|vision_start|>"}]}],
+                               [4])
