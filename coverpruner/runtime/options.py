@@ -80,6 +80,30 @@ def check_top_p(value) -> float:
     return check_float("top_p", value, 0.0, 1.0, lo_open=True)
 
 
+def check_penalty(name: str, value) -> float:
+    return check_float(name, value, -2.0, 2.0)  # OpenAI's range for frequency_penalty / presence_penalty
+
+
+#: OpenAI's bound on a logit_bias value
+MAX_LOGIT_BIAS = 100.0
+
+
+def check_logit_bias(value) -> dict:
+    """{token id (int, or its decimal string: JSON object keys are strings): bias in [-100, 100]} -> {int: float}.
+    Ids past the vocabulary are refused by Pipeline.request, which knows its size."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise OptionError(f"logit_bias must map token ids to numbers, got {value!r}", param="logit_bias")
+    out = {}
+    for key, bias in value.items():
+        tid = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        if not _is_int(tid) or tid < 0:
+            raise OptionError(f"logit_bias key {key!r} is not a token id (an integer >= 0)", param="logit_bias")
+        out[int(tid)] = check_float("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+    return out
+
+
 def check_bool(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise OptionError(f"{name} must be true or false, got {value!r}", param=name)
@@ -122,6 +146,8 @@ class GenerationOptions:
     method: a coverpruner.selection name. tau: coverage threshold in [0, TAU_MAX] or None. demand: "turn" (an
     image's demand comes from its own message) or "latest" (the last user message). max_new_tokens,
     temperature, top_p, seed: generation limits and sampling (seed also seeds the random selector).
+    frequency_penalty, presence_penalty (each in [-2, 2]) and logit_bias ({token id: bias in [-100, 100]}):
+    OpenAI's adjustments of the logits before sampling (runtime.sampling.adjust_logits).
     ignore_eos: decode past EOS up to max_new_tokens. max_images: most images + videos of a request (>= 0) or
     None. family: the family's request options as given ({name: value}, e.g. {"newline_policy": "keep"}).
     """
@@ -134,6 +160,9 @@ class GenerationOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: Mapping = field(default_factory=dict)
     ignore_eos: bool = False
     max_images: int | None = None
     family: Mapping = field(default_factory=dict)
@@ -149,6 +178,9 @@ class GenerationOptions:
         put(self, "temperature", check_temperature(self.temperature))
         put(self, "top_p", check_top_p(self.top_p))
         put(self, "seed", check_seed(self.seed))
+        put(self, "frequency_penalty", check_penalty("frequency_penalty", self.frequency_penalty))
+        put(self, "presence_penalty", check_penalty("presence_penalty", self.presence_penalty))
+        put(self, "logit_bias", check_logit_bias(self.logit_bias))
         check_bool("ignore_eos", self.ignore_eos)
         if self.max_images is not None and (not _is_int(self.max_images) or self.max_images < 0):
             raise OptionError(f"max_images must be an integer >= 0, got {self.max_images!r}", param="max_images")

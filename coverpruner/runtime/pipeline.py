@@ -138,6 +138,7 @@ class Pipeline:
         self.sessions = sessions
         self.vision_outputs = [o.name for o in graph_spec(manifest, "vision").outputs]
         dims = (int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]), int(d["vocab_size"]))
+        self.vocab_size = dims[3]
         # a session that brings its own KV-cache loop (native TensorRT engines keep the cache on the GPU)
         # provides decoder_loop(); ORT sessions use the IO-binding loop
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
@@ -366,9 +367,18 @@ class Pipeline:
         family's options resolved, EOS ids unless ignore_eos)."""
         tau = check_tau(self.manifest.defaults.get("tau", 0.3)) if opts.tau is None else opts.tau
         return Request(conversation, opts.budget, opts.method, tau, opts.max_new_tokens,
-                       SamplingConfig(opts.temperature, opts.top_p, opts.seed),
+                       self._sampling(opts),
                        frozenset() if opts.ignore_eos else frozenset(self.eos_ids),
                        self._check_options(opts), opts.demand)
+
+    def _sampling(self, opts: GenerationOptions) -> SamplingConfig:
+        """The request's SamplingConfig; OptionError (param logit_bias) for a token id past the vocabulary."""
+        past = [t for t in opts.logit_bias if t >= self.vocab_size]
+        if past:
+            raise OptionError(f"logit_bias token id {past[0]} is past the vocabulary (ids 0..{self.vocab_size - 1})",
+                              param="logit_bias")
+        return SamplingConfig(opts.temperature, opts.top_p, opts.seed, opts.frequency_penalty, opts.presence_penalty,
+                              opts.logit_bias)
 
     def _verified(self) -> None:
         """Wait for the background file check (first request only); ManifestError if a file changed."""

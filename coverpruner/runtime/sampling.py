@@ -1,4 +1,5 @@
-"""Next-token choice from last-position logits: greedy, temperature and top-p (nucleus).
+"""Next-token choice from last-position logits: greedy, temperature and top-p (nucleus), after OpenAI's logit
+adjustments (frequency / presence penalties over the tokens generated so far, logit_bias).
 
 All randomness comes from one ``numpy.random.Generator(seed)`` per request, so a seed
 reproduces a sample exactly.
@@ -6,11 +7,11 @@ reproduces a sample exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.runtime.options import check_seed, check_temperature, check_top_p
+from coverpruner.runtime.options import check_logit_bias, check_penalty, check_seed, check_temperature, check_top_p
 
 
 @dataclass(frozen=True)
@@ -20,11 +21,21 @@ class SamplingConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict = field(default_factory=dict, hash=False)  # {token id: bias}
 
     def __post_init__(self):
         check_temperature(self.temperature)  # finite, >= 0 (runtime.options)
         check_top_p(self.top_p)  # finite, in (0, 1]
         check_seed(self.seed)
+        check_penalty("frequency_penalty", self.frequency_penalty)  # finite, in [-2, 2]
+        check_penalty("presence_penalty", self.presence_penalty)
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
+
+    @property
+    def adjusts(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -32,14 +43,23 @@ class SamplingConfig:
 
 
 class Sampler:
-    """Call with logits float [V] (any float dtype) -> next token id (int)."""
+    """Call with logits float [V] (any float dtype) -> next token id (int). Called once per generated token, so it
+    counts the tokens it returned (the penalties' history)."""
 
     def __init__(self, config: SamplingConfig):
         self.config = config
         self.rng = np.random.default_rng(config.seed)
+        self.counts: dict[int, int] = {}
 
     def __call__(self, logits: np.ndarray) -> int:
         logits = np.asarray(logits, dtype=np.float32).reshape(-1)
+        if self.config.adjusts:
+            logits = adjust_logits(logits, self.counts, self.config)
+        token = self._choose(logits)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        return token
+
+    def _choose(self, logits: np.ndarray) -> int:
         if self.config.greedy:
             return int(np.argmax(logits))
         z = logits.astype(np.float64) / self.config.temperature
@@ -49,6 +69,21 @@ class Sampler:
         if self.config.top_p < 1.0:
             p = top_p_filter(p, self.config.top_p)
         return int(self.rng.choice(p.size, p=p))
+
+
+def adjust_logits(logits: np.ndarray, counts: dict[int, int], config: SamplingConfig) -> np.ndarray:
+    """OpenAI's definition: logits[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty + logit_bias[j],
+    c[j] how often token j was generated so far (the prompt does not count). logits float32 [V] -> a new float64 [V]
+    (float64: a bias of 100 on float32 logits would round away the differences sampling reads)."""
+    out = logits.astype(np.float64)
+    if counts:
+        ids = np.fromiter(counts, dtype=np.int64, count=len(counts))
+        c = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+        out[ids] -= c * config.frequency_penalty + config.presence_penalty
+    if config.logit_bias:
+        ids = np.fromiter(config.logit_bias, dtype=np.int64, count=len(config.logit_bias))
+        out[ids] += np.fromiter(config.logit_bias.values(), dtype=np.float64, count=len(ids))
+    return out
 
 
 def top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:

@@ -21,7 +21,7 @@ from coverpruner.runtime.options import METHODS, parse_budget
 from coverpruner.selection import METHOD_OPTIONS
 from coverpruner.serving.errors import bad_request
 from coverpruner.serving.images import load_image_url
-from coverpruner.serving.schema import ChatCompletionRequest, extra_fields
+from coverpruner.serving.schema import REFUSED_FIELDS, REFUSED_UNLESS, ChatCompletionRequest, extra_fields
 from coverpruner.serving.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, load_video_url, sampling_fields
 
@@ -193,6 +193,10 @@ def _url_part(part: dict, kind: str, noun: str, param: str, role: str, sent_role
 
 def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
     extra = dict(req.model_extra or {})
+    for name in sorted(set(extra) & set(REFUSED_FIELDS)):
+        value = extra.pop(name)
+        if value is not None and value != REFUSED_UNLESS.get(name, None):
+            raise bad_request(f"{name} is not supported: {REFUSED_FIELDS[name]}", name)
     unknown = sorted(set(extra) - set(allowed))
     if unknown:
         raise bad_request(f"unknown field {unknown[0]!r}; besides OpenAI's fields this server takes "
@@ -208,6 +212,9 @@ def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
         opts["top_p"] = req.top_p
     if req.seed is not None:
         opts["seed"] = req.seed
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
+        if getattr(req, name) is not None:
+            opts[name] = getattr(req, name)
     if "budget" in allowed:
         try:
             opts["budget"] = parse_budget(opts.get("budget", defaults.get("budget", allowed["budget"])))

@@ -20,7 +20,30 @@ import dataclasses
 from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, GenerationOptions
 
 #: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
-OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
+                 "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+                 "logit_bias": "logit_bias"}
+#: OpenAI body fields this server takes but that change nothing here (bookkeeping for OpenAI's own platform)
+NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+#: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the
+#: value that means "off" (REFUSED_UNLESS) is taken
+REFUSED_FIELDS = {
+    "tools": "tool calling is not implemented by this server yet",
+    "tool_choice": "tool calling is not implemented by this server yet",
+    "functions": "tool calling is not implemented by this server yet",
+    "function_call": "tool calling is not implemented by this server yet",
+    "response_format": "structured output (json_object / json_schema) is not implemented by this server yet",
+    "logprobs": "log-probabilities are not returned by this server yet",
+    "top_logprobs": "log-probabilities are not returned by this server yet",
+    "n": "one answer per request (send n requests with different seeds)",
+    "audio": "this server answers in text only",
+    "modalities": "this server answers in text only",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "this server has no web search",
+}
+#: the value of a refused field that asks for nothing (taken silently)
+REFUSED_UNLESS = {"logprobs": False, "n": 1, "tool_choice": "none", "response_format": {"type": "text"},
+                  "modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
 EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
 #: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
@@ -70,9 +93,16 @@ class ChatCompletionRequest(BaseModel):
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=1)  # one answer per request
-    logprobs: Literal[False] | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (a decimal string: a JSON key) -> bias in [-100, 100]
+    # NOOP_FIELDS: taken, change nothing
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    # REFUSED_FIELDS (n, logprobs, tools, ...) land in model_extra and are refused by name in serving.request
 
 
 # -- responses ------------------------------------------------------------------------------------
