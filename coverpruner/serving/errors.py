@@ -17,6 +17,7 @@ ERROR_STATUS = {
     "invalid_request": (400, "invalid_request_error", None),
     "invalid_image": (400, "invalid_request_error", "messages"),
     "invalid_video": (400, "invalid_request_error", "messages"),
+    "video_too_large": (400, "invalid_request_error", "messages"),
     "invalid_prompt": (400, "invalid_request_error", "messages"),
     "context_length_exceeded": (400, "invalid_request_error", "messages"),
     "too_many_images": (400, "invalid_request_error", "messages"),
