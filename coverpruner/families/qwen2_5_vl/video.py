@@ -107,6 +107,16 @@ def file_pixel_limits(nframes: int, s: QwenImageSettings) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def _sampled(video: VideoInput, total: int, video_fps: float, max_video_frames: int, where: str) -> int:
+    """sample_count of a file of ``total`` frames; VideoError (one line) above max_video_frames."""
+    n = sample_count(total, video_fps, video.fps, video.max_frames)
+    if n > max_video_frames:
+        raise VideoError(f"{where}: samples {n} frames ({total} at {video_fps:g} fps, fps "
+                         f"{FPS if video.fps is None else video.fps:g}); at most {max_video_frames} per video "
+                         "(max_video_frames; lower fps or max_frames)")
+    return n
+
+
 def video_cost(video: VideoInput, s: QwenImageSettings, max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
                where: str = "video") -> VideoCost | None:
     """What a video FILE will cost, from its header only (coverpruner.video.probe_video: no frame decoded): the
@@ -123,11 +133,7 @@ def video_cost(video: VideoInput, s: QwenImageSettings, max_video_frames: int = 
         message = str(exc)
         raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
     if header.frames > 0:
-        n = sample_count(header.frames, header.fps, video.fps, video.max_frames)
-        if n > max_video_frames:
-            raise VideoError(f"{where}: samples {n} frames ({header.frames} at {header.fps:g} fps, fps "
-                             f"{FPS if video.fps is None else video.fps:g}); at most {max_video_frames} per video "
-                             "(max_video_frames; lower fps or max_frames)")
+        n = _sampled(video, header.frames, header.fps, max_video_frames, where)
     else:
         n = max_video_frames if video.max_frames is None else min(video.max_frames, max_video_frames)
     n = _ceil(n, s.temporal_patch_size)
@@ -158,11 +164,7 @@ def _frames(video: VideoInput, max_video_frames: int, where: str) -> tuple[list[
     box = {}
 
     def pick(total: int, video_fps: float):
-        n = sample_count(total, video_fps, video.fps, video.max_frames)
-        if n > max_video_frames:
-            raise VideoError(f"{where}: samples {n} frames ({total} at {video_fps:g} fps, fps "
-                             f"{FPS if video.fps is None else video.fps:g}); at most {max_video_frames} per video "
-                             "(max_video_frames; lower fps or max_frames)")
+        n = _sampled(video, total, video_fps, max_video_frames, where)
         box["fps"] = n / max(total, 1e-6) * video_fps
         return sample_indices(total, n)
 
