@@ -66,8 +66,10 @@ CODES = {
     "invalid_engine_dir": "the engine dir is missing, malformed or changed on disk (the server's fault)",
     "invalid_image": "an image is missing, unreadable or corrupt",
     "invalid_video": "a video is missing, unreadable, corrupt or has too many frames",
+    "video_too_large": "a video's file is over the byte limit, or its sampled frames hold more pixels than max_video_pixels",
     "invalid_prompt": "the messages or the prompt are malformed",
     "context_length_exceeded": "the prompt does not fit the model's context",
+    "too_many_parts": "more messages and content parts than a request may hold (runtime/messages.MAX_PARTS)",
     "too_many_images": "more images and videos than the request's max_images",
     "invalid_value": "an option has the wrong type, is out of range or unknown",
 }

@@ -12,6 +12,7 @@ imported lazily so that nothing else pays for it. Every failure is one VideoErro
 from __future__ import annotations
 
 import io
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +22,16 @@ import numpy as np
 
 from coverpruner.errors import VideoError
 
-__all__ = ["VIDEO_DEMUXERS", "VideoInput", "read_video", "describe"]
+__all__ = ["DEFAULT_MAX_VIDEO_PIXELS", "VIDEO_DEMUXERS", "VideoCost", "VideoHeader", "VideoInput", "read_video", "probe_video", "describe"]
 
 #: FFmpeg demuxers a video may be opened with (PyAV's format_whitelist): video containers only. Left to probe
 #: freely, FFmpeg also takes script formats: an "ffconcat" file reads other files relative to the working
 #: directory, and an image would pass as a one-frame video.
 VIDEO_DEMUXERS = "mov,mp4,m4a,3gp,3g2,mj2,matroska,webm,avi,mpegts,flv,ogg,mpeg"
+
+#: Most decoded pixels one video may hold after sampling (frames x height x width; x 3 bytes as RGB): 2**27 is
+#: 64 frames of 1456x1440, ~400 MB of frames. Pipeline.max_video_pixels; the server's --max-video-pixels.
+DEFAULT_MAX_VIDEO_PIXELS = 2 ** 27
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,46 @@ class VideoInput:
     @property
     def is_frames(self) -> bool:
         return isinstance(self.video, (list, tuple))
+
+
+@dataclass(frozen=True)
+class VideoHeader:
+    """What a video file's container and codec headers state, before any frame is decoded: frames (the stated
+    count, else duration x rate rounded up; 0 when neither is stated), fps (average rate), height, width (px)."""
+
+    frames: int
+    fps: float
+    height: int
+    width: int
+
+
+@dataclass(frozen=True)
+class VideoCost:
+    """What a video will cost, from its header alone (FamilyRuntime.video_cost): frames the model sees after the
+    family's sampling and padding, each decoded at height x width px (the header's size),
+    visual_tokens in all. decoded_pixels = frames x height x width: the RGB frames decoding holds (x 3 bytes),
+    which --max-video-pixels bounds."""
+
+    frames: int
+    height: int
+    width: int
+    visual_tokens: int
+
+    @property
+    def decoded_pixels(self) -> int:
+        return self.frames * self.height * self.width
+
+
+def probe_video(source: str | Path | bytes) -> VideoHeader:
+    """The header geometry of a video file (path) or an encoded file's bytes; no frame is decoded, so its cost
+    does not grow with the frames' size or count (admission checks use it). VideoError (one line) as read_video."""
+    where = describe(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        return _header(lambda: io.BytesIO(data), where)
+    if not Path(source).is_file():
+        raise VideoError(f"video not found: {source}")
+    return _header(lambda: str(source), where)
 
 
 def describe(source) -> str:
@@ -102,6 +147,12 @@ def read_video(source: str | Path | bytes,
 
 def _probe(target, where: str) -> tuple[int, float]:
     """(frame count the container states, 0 when unknown; average frame rate) of the first video stream."""
+    header = _header(target, where, stated_only=True)
+    return header.frames, header.fps
+
+
+def _header(target, where: str, stated_only: bool = False) -> VideoHeader:
+    """The first video stream's VideoHeader; stated_only: frames is the container's stated count (0 if none)."""
     av = _av()
     try:
         with av.open(target(), mode="r", options={"format_whitelist": VIDEO_DEMUXERS}) as container:
@@ -110,6 +161,9 @@ def _probe(target, where: str) -> tuple[int, float]:
             stream = container.streams.video[0]
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             stated = int(stream.frames or 0)
+            height, width = int(stream.codec_context.height or 0), int(stream.codec_context.width or 0)
+            seconds = (float(stream.duration * stream.time_base) if stream.duration and stream.time_base else
+                       container.duration / av.time_base if container.duration else 0.0)
     except VideoError:
         raise
     except (av.FFmpegError, ValueError, OSError, EOFError) as exc:  # av.error.InvalidDataError is an FFmpegError
@@ -118,7 +172,9 @@ def _probe(target, where: str) -> tuple[int, float]:
     fps = float(rate) if rate else 0.0
     if not fps > 0:
         raise VideoError(f"{where}: the video stream has no frame rate")
-    return stated, fps
+    if not stated_only and stated == 0 and seconds > 0:
+        stated = math.ceil(seconds * fps)
+    return VideoHeader(stated, fps, height, width)
 
 
 def _decode(target, where: str, wanted: Sequence[int] | None) -> tuple[list[np.ndarray], int]:

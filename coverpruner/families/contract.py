@@ -291,6 +291,12 @@ class FamilyRuntime(Protocol):
         VideoError / ValueError (one line) for a video the family cannot take; families without video refuse
         every video (the HF base's default)."""
 
+    def video_cost(self, video, options: dict):
+        """A coverpruner.video.VideoInput -> coverpruner.video.VideoCost (frames after sampling, their decoded
+        size, visual tokens) from the file's header alone, no frame decoded (admission checks it against the
+        context and --max-video-pixels before prepare_video); None when it cannot be known before decoding (a
+        frame list). VideoError / ValueError (one line) as prepare_video."""
+
     def image_span(self, outputs: dict[str, np.ndarray], vision: VisionInputs, options: dict) -> ImageSpan:
         """The vision graph's outputs (by name, batch axis included) -> the image span of the sequence."""
 

@@ -404,6 +404,10 @@ class HFRuntime:
         return tokenize_conversation(tokenizer, rendered, messages, self.image_token_id, list(rows_per_image),
                                      self.video_token_id)
 
+    def video_cost(self, video, options: dict):
+        """contract.FamilyRuntime.video_cost: a family without video refuses it in one line (prepare_video)."""
+        return self.prepare_video(video, options)
+
     def prepare_video(self, video, options: dict):
         """contract.FamilyRuntime.prepare_video: a family without video refuses it in one line."""
         raise ValueError(f"{getattr(video, 'where', 'video')}: model family {self.family_name!r} takes no video input "

@@ -99,12 +99,22 @@ def _video(part: dict, where: str) -> VideoInput:
         raise PromptError(f"{where}: max_frames must be an integer >= 2, got {max_frames!r}", param=where)
     return VideoInput(video, None if fps is None else float(fps), max_frames, where)
 
+#: Most messages + content parts one request may hold (a string content counts as one part). A limit of its own,
+#: not the context's: adjacent text parts may merge into fewer tokens than parts, so the count cannot be bounded
+#: by the context before tokenizing, and 100,000 one-letter parts held a worker for seconds before it.
+MAX_PARTS = 4096
+
 
 def normalize(messages, max_images: int | None = None) -> Conversation:
     """OpenAI messages -> Conversation. PromptError (one line) for a malformed message or more than
     ``max_images`` images; the images themselves are read later, by the family."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role', 'content'} objects")
+    parts = sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) else 1
+                for m in messages)
+    if parts > MAX_PARTS:  # before any per-part work: tokenizing and positions grow with the part count
+        raise PromptError(f"messages hold {parts} content parts (a string content counts as one); at most {MAX_PARTS} per request",
+                          code="too_many_parts", param="messages")
     out, images = [], []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:

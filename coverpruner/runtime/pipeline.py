@@ -37,7 +37,8 @@ from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
 from coverpruner.runtime.engine import Engine, feed_decode, feed_prefill, plan_prefill, token_row
-from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError
+from coverpruner.runtime.errors import (CoverPrunerError, ImageError, ManifestError, OptionError, PromptError,
+                                        VideoError)
 from coverpruner.runtime.messages import normalize, one_turn
 from coverpruner.runtime.prefix_cache import PrefixCache, feeds_hash, hash63, row_identity
 from coverpruner.runtime.result import GenerationResult, ImageResult
@@ -49,7 +50,7 @@ from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequen
 from coverpruner.runtime.text import PromptEncoder
 from coverpruner.selection import get_method, get_selector, uses_relevance  # numpy; torch only for torch tensors
 from coverpruner.selection.blocked import FLOAT64_MAX_N  # where auto runs numpy on CPU
-from coverpruner.video import VideoInput
+from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS, VideoInput
 
 #: Prefix cache size when Pipeline.load is not told (MiB): off, so a library caller sees every stage run; the
 #: server turns it on (coverpruner-serve --prefix-cache-mb, default 256).
@@ -123,6 +124,9 @@ class Pipeline:
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
         self.max_positions = int(d["max_position_embeddings"])
+        #: most decoded pixels (sampled frames x height x width, 3 bytes each) one video may hold, checked from its
+        #: header before decoding (_admit_videos); None: no bound. The server sets it from --max-video-pixels.
+        self.max_video_pixels: int | None = DEFAULT_MAX_VIDEO_PIXELS
         self.float_dtype = np.dtype(manifest.float_dtype)
         self.eos_ids = set(np.atleast_1d(t["eos_token_id"]).astype(int).tolist())
         tok_file = next((f for f in manifest.raw.get("tokenizer_files", ["tokenizer.json"])
@@ -311,13 +315,40 @@ class Pipeline:
             else opts.max_images
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:  # a manifest's own default
             raise OptionError(f"max_images must be an integer >= 0, got {limit!r}", param="max_images")
-        self._check_options(opts)
+        resolved = self._check_options(opts)
         conversation = normalize(messages, limit)
         text = "".join(p["text"] for m in conversation.messages for p in m["content"] if p["type"] == "text")
         if not self.encoder.fits(text, self.max_positions):  # known from its length, before tokenizing
             raise PromptError(f"messages hold {len(text)} characters of text, more than fit the context of "
                               f"{self.max_positions} tokens", code="context_length_exceeded")
+        self._admit_videos(conversation.images, resolved)
         return self._request(conversation, opts)
+
+    def _admit_videos(self, inputs, options: dict) -> None:
+        """Refuse, from each video file's header alone (FamilyRuntime.video_cost: no frame decoded), a video whose
+        decoded frames exceed max_video_pixels (VideoError video_too_large) or whose visual tokens alone exceed
+        the context (PromptError context_length_exceeded): both known before the decode and vision work."""
+        tokens = 0
+        for video in (v for v in inputs if isinstance(v, VideoInput)):
+            try:
+                cost = self.family_runtime.video_cost(video, options)
+            except CoverPrunerError:
+                raise
+            except ValueError as exc:
+                raise ImageError(str(exc).splitlines()[0]) from None
+            if cost is None:
+                continue
+            if self.max_video_pixels is not None and cost.decoded_pixels > self.max_video_pixels:
+                raise VideoError(f"{video.where}: {cost.frames} sampled frames of {cost.width}x{cost.height} are "
+                                 f"{cost.decoded_pixels} pixels; at most {self.max_video_pixels} per video "
+                                 "(max_video_pixels; lower fps or max_frames)", code="video_too_large",
+                                 param=video.where)
+            tokens += cost.visual_tokens
+            if tokens > self.max_positions:
+                raise PromptError(f"{video.where}: {cost.frames} frames of {cost.width}x{cost.height} give "
+                                  f"{cost.visual_tokens} visual tokens; the videos hold {tokens}, more than fit the "
+                                  f"context of {self.max_positions} tokens", code="context_length_exceeded",
+                                  param=video.where)
 
     def generate(self, image, prompt: str, *, options: GenerationOptions | None = None,
                  **kwargs) -> GenerationResult:

@@ -37,6 +37,7 @@ from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCo
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving.stop import StopMatcher
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, has_video_reader
+from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS
 from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 
 log = logging.getLogger("coverpruner.serving")
@@ -94,6 +95,8 @@ class ServerConfig:
     #: most frames one video may give after sampling (the family option max_video_frames); None: the engine's
     #: default. A request may ask for fewer, never more (as max_images, the server's bound)
     max_video_frames: int | None = None
+    #: most decoded pixels (sampled frames x height x width) of one video, from its header before decoding
+    max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
     #: a request body must arrive whole within this many seconds of its headers (else 408, connection closed)
     body_timeout_s: float = BODY_TIMEOUT_S
 
@@ -129,6 +132,8 @@ class ServerState:
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
                                         selector=config.selector, prefix_cache_mb=config.prefix_cache_mb)
                           for _ in range(config.workers)]
+        for pipeline in self.pipelines:
+            pipeline.max_video_pixels = config.max_video_pixels
         self.defaults = dict(self.pipelines[0].manifest.defaults)
         self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
         self.model_name = config.served_name

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--max-video-frames", type=int, default=None, metavar="N",
                       help="most frames one video may give after sampling; requests may ask for fewer "
                            "(max_video_frames), never more (default: the engine dir's)")
+    http.add_argument("--max-video-pixels", type=int, default=None, metavar="N",
+                      help="most decoded pixels (sampled frames x height x width) one video may hold, checked "
+                           "from its header before any frame is decoded (default 2**27, ~400 MB of frames)")
     http.add_argument("--remote-timeout", type=float, default=None, metavar="SECONDS",
                       help="limit on a whole remote image fetch, redirects included (default 10)")
     http.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
@@ -120,6 +123,8 @@ def check_args(args) -> None:
         raise UsageError(f"--max-images must be >= 0, got {args.max_images}")
     if args.max_video_bytes is not None and args.max_video_bytes < 1:
         raise UsageError(f"--max-video-bytes must be >= 1, got {args.max_video_bytes}")
+    if args.max_video_pixels is not None and args.max_video_pixels < 1:
+        raise UsageError(f"--max-video-pixels must be >= 1, got {args.max_video_pixels}")
     if args.max_video_frames is not None and args.max_video_frames < 2:
         raise UsageError(f"--max-video-frames must be >= 2 (one temporal patch), got {args.max_video_frames}")
     if args.prefix_cache_mb < 0:
@@ -147,6 +152,7 @@ def _config(args):
                         **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}),
                         **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
                         max_video_frames=args.max_video_frames,
+                        **({} if args.max_video_pixels is None else {"max_video_pixels": args.max_video_pixels}),
                         **({} if args.request_timeout is None else
                            {"request_timeout_s": args.request_timeout or None}),
                         **({} if args.body_timeout is None else {"body_timeout_s": args.body_timeout}))

@@ -17,9 +17,11 @@ ERROR_STATUS = {
     "invalid_request": (400, "invalid_request_error", None),
     "invalid_image": (400, "invalid_request_error", "messages"),
     "invalid_video": (400, "invalid_request_error", "messages"),
+    "video_too_large": (400, "invalid_request_error", "messages"),
     "invalid_prompt": (400, "invalid_request_error", "messages"),
     "context_length_exceeded": (400, "invalid_request_error", "messages"),
     "too_many_images": (400, "invalid_request_error", "messages"),
+    "too_many_parts": (400, "invalid_request_error", "messages"),
     "invalid_value": (400, "invalid_request_error", None),
     # the engine dir changed on disk or cannot run: the server's fault, not the request's
     "invalid_engine_dir": (500, "server_error", None),

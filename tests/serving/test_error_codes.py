@@ -29,6 +29,8 @@ EXPECTED = {
     "invalid_prompt": (PromptError, None, 400, "invalid_request_error", "messages"),
     "context_length_exceeded": (PromptError, None, 400, "invalid_request_error", "messages"),
     "too_many_images": (PromptError, None, 400, "invalid_request_error", "messages"),
+    "too_many_parts": (PromptError, None, 400, "invalid_request_error", "messages"),
+    "video_too_large": (VideoError, None, 400, "invalid_request_error", "messages"),
     "invalid_engine_dir": (ManifestError, None, 500, "server_error", None),
 }
 

@@ -9,7 +9,8 @@ from coverpruner.families.contract import GridPanel, ImageSpan, VisionInputs
 from coverpruner.families.hf import HFRuntime
 from coverpruner.families.qwen2_5_vl.positions import decode_position, native_positions, pruned_positions
 from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
-from coverpruner.families.qwen2_5_vl.video import DEFAULT_MAX_VIDEO_FRAMES, preprocess_qwen_video, sampled_frames
+from coverpruner.families.qwen2_5_vl.video import (DEFAULT_MAX_VIDEO_FRAMES, preprocess_qwen_video, sampled_frames,
+                                                   video_cost)
 from coverpruner.families.qwen2_5_vl.vision import vision_inputs
 
 IMAGE_TOKEN = "<|image_pad|>"
@@ -50,6 +51,14 @@ class QwenRuntime(HFRuntime):
                           (rows, cols), (0.0, 0.0, float(w), float(h)), np.arange(n, dtype=np.int64))
         return VisionInputs(feeds, n, (panel,), {"grid_thw": img.grid_thw, "resized": img.resized,
                                                  "original": img.original})
+
+    def video_cost(self, video, options: dict):
+        """contract.FamilyRuntime.video_cost: the header's geometry through this family's sampling and resize
+        rules (qwen2_5_vl/video.video_cost)."""
+        if self.video_token is None:
+            return None  # prepare_video refuses it in one line
+        limit = options.get("max_video_frames") or DEFAULT_MAX_VIDEO_FRAMES
+        return video_cost(video, self.settings, limit, where=video.where)
 
     def prepare_video(self, video, options: dict) -> VisionInputs:
         """A coverpruner.video.VideoInput -> vision feeds of its temporal patches (the same graph as images: full

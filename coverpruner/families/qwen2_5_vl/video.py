@@ -34,7 +34,7 @@ from PIL import Image
 from coverpruner.errors import ImageError, VideoError
 from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, smart_resize
 from coverpruner.images import load_rgb
-from coverpruner.video import VideoInput, read_video
+from coverpruner.video import VideoCost, VideoInput, probe_video, read_video
 
 FPS = 2.0
 FRAME_FACTOR = 2
@@ -107,6 +107,44 @@ def file_pixel_limits(nframes: int, s: QwenImageSettings) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def _sampled(video: VideoInput, total: int, video_fps: float, max_video_frames: int, where: str) -> int:
+    """sample_count of a file of ``total`` frames; VideoError (one line) above max_video_frames."""
+    n = sample_count(total, video_fps, video.fps, video.max_frames)
+    if n > max_video_frames:
+        raise VideoError(f"{where}: samples {n} frames ({total} at {video_fps:g} fps, fps "
+                         f"{FPS if video.fps is None else video.fps:g}); at most {max_video_frames} per video "
+                         "(max_video_frames; lower fps or max_frames)")
+    return n
+
+
+def video_cost(video: VideoInput, s: QwenImageSettings, max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
+               where: str = "video") -> VideoCost | None:
+    """What a video FILE will cost, from its header only (coverpruner.video.probe_video: no frame decoded): the
+    frames sample_count takes (max_video_frames when the header states neither a frame count nor a duration, the
+    most decoding may keep), padded to an even count, each resized by file_pixel_limits and smart_resize ->
+    (n / T) x (H / factor) x (W / factor) tokens, as preprocess_qwen_video gives them. None for a frame list (its
+    frames are decoded already). VideoError (one line, starting with ``where``) for an unreadable header or more
+    than max_video_frames frames."""
+    if video.is_frames:
+        return None
+    try:
+        header = probe_video(video.video)
+    except VideoError as exc:
+        message = str(exc)
+        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    if header.frames > 0:
+        n = _sampled(video, header.frames, header.fps, max_video_frames, where)
+    else:
+        n = max_video_frames if video.max_frames is None else min(video.max_frames, max_video_frames)
+    n = _ceil(n, s.temporal_patch_size)
+    lo, hi = file_pixel_limits(n, s)
+    try:
+        h, w = smart_resize(header.height, header.width, s.factor, lo, hi)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise VideoError(f"{where}: frames {header.width}x{header.height}: {exc}") from None
+    return VideoCost(n, header.height, header.width, (n // s.temporal_patch_size) * (h // s.factor) * (w // s.factor))
+
+
 def _frames(video: VideoInput, max_video_frames: int, where: str) -> tuple[list[np.ndarray], float, tuple | None]:
     """(uint8 RGB frames, fps for second_per_grid_t, pixel limits or None for the image limits)."""
     if video.is_frames:
@@ -126,11 +164,7 @@ def _frames(video: VideoInput, max_video_frames: int, where: str) -> tuple[list[
     box = {}
 
     def pick(total: int, video_fps: float):
-        n = sample_count(total, video_fps, video.fps, video.max_frames)
-        if n > max_video_frames:
-            raise VideoError(f"{where}: samples {n} frames ({total} at {video_fps:g} fps, fps "
-                             f"{FPS if video.fps is None else video.fps:g}); at most {max_video_frames} per video "
-                             "(max_video_frames; lower fps or max_frames)")
+        n = _sampled(video, total, video_fps, max_video_frames, where)
         box["fps"] = n / max(total, 1e-6) * video_fps
         return sample_indices(total, n)
 
