@@ -42,12 +42,12 @@ class _FirstTokenIs:
 def test_generated_image_token_is_an_ordinary_token(next_pipe, next_hf_model, requests_, monkeypatch):
     """The first answer token forced to the image token id: the pipeline embeds it as text and continues exactly
     as HF does (HF's decode steps carry no pixel_values, so the id goes through the embedding table)."""
-    import coverpruner.runtime.pipeline as pipeline_module
+    import coverpruner.runtime.engine as engine_module  # the engine loop makes each request's sampler
 
     image, prompt, req = requests_[IDS[0]]
     image_id = next_hf_model.config.image_token_id
     forced = _FirstTokenIs(image_id)
-    monkeypatch.setattr(pipeline_module, "Sampler", lambda config: forced.sample)
+    monkeypatch.setattr(engine_module, "Sampler", lambda config: forced.sample)
     got = next_pipe.generate(image, prompt, budget="full", max_new_tokens=NEW)
     want = ref.forced_first_token_generate(next_hf_model, req, image_id, NEW)
     assert got.token_ids[0] == image_id and got.token_ids == want
