@@ -51,28 +51,13 @@ def native_positions(model, inputs: dict):
 
 
 def greedy_deepstack(model, embeds, positions, mask, deepstack, steps: int, eos: set[int], start: int) -> list[int]:
-    """Greedy loop over HF's text model + lm_head: prefill with visual_pos_masks / deepstack_visual_embeds, decode
-    the t-th token at start + t in all rows."""
-    import torch
-    from transformers import DynamicCache
+    """Greedy loop over HF's text model + lm_head: prefill with visual_pos_masks / deepstack_visual_embeds
+    (deepstack: (visual mask, levels)), decode the t-th token at start + t in all rows (the family's HF reference
+    loop)."""
+    from tests.families.qwen3_vl.hf_reference import greedy
 
-    lm, head = model.model.language_model, model.lm_head
     visual_mask, levels = deepstack
-    mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
-    cache, out = DynamicCache(config=lm.config), []
-    with torch.no_grad():
-        hidden = lm(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
-                    visual_pos_masks=visual_mask, deepstack_visual_embeds=levels).last_hidden_state
-        for t in range(steps):
-            tok = int(head(hidden[0, -1]).argmax())
-            out.append(tok)
-            if tok in eos or t == steps - 1:
-                break
-            mask = torch.cat([mask, torch.ones(1, 1, dtype=mask.dtype)], 1)
-            hidden = lm(inputs_embeds=model.model.get_input_embeddings()(torch.tensor([[tok]])),
-                        position_ids=torch.full((3, 1, 1), start + t), attention_mask=mask, cache=cache,
-                        use_cache=True).last_hidden_state
-    return out
+    return greedy(model, embeds, positions, visual_mask, levels, steps, eos, mask=mask, start=start)
 
 
 def before_generate(model) -> None:

@@ -73,13 +73,14 @@ def select(model, req: Native, method: str, budget, tau: float = 0.3) -> np.ndar
     raise ValueError(method)
 
 
-def greedy(model, embeds, positions, visual_mask, deepstack, steps: int, eos: set[int], mask=None) -> list[int]:
+def greedy(model, embeds, positions, visual_mask, deepstack, steps: int, eos: set[int], mask=None,
+           start: int | None = None) -> list[int]:
     """Greedy loop on HF's text model + lm_head: prefill embeds [1,S,d] at positions [3,1,S] with DeepStack rows
     (list of [k,d]) added at visual_mask [1,S] (k True entries) after layers 0, 1, ...; the t-th new token at
-    max(positions) + 1 + t in all three rows (no DeepStack there)."""
+    start + t (default max(positions) + 1) in all three rows (no DeepStack there)."""
     lm, head = model.model.language_model, model.lm_head
     out, cache = [], DynamicCache(config=lm.config)
-    start = int(positions.max()) + 1
+    start = int(positions.max()) + 1 if start is None else start
     mask = torch.ones(1, embeds.shape[1], dtype=torch.long) if mask is None else mask
     with torch.no_grad():
         hidden = lm(inputs_embeds=embeds, position_ids=positions, attention_mask=mask, cache=cache, use_cache=True,
