@@ -1,7 +1,8 @@
 """Session fixtures shared by every test: one checkpoint -> export chain and the family matrix.
 
 `builds` makes each tiny preset's random checkpoint (coverpruner.testing, seed 0) and its fp32 engine dir (all
-five graphs + manifest.json) at most once per run, on first use; every family fixture (`tiny_checkpoint`,
+five graphs + manifest.json) at most once per run, on first use (under pytest-xdist the workers share them on
+disk: the first worker to need one builds it under a file lock, into a temporary folder renamed when complete); every family fixture (`tiny_checkpoint`,
 `next_export`, `qwen_checkpoint`, ...) and the matrix's `family` read from it, so nothing is built twice.
 
 `family` is parametrised over MATRIX (tests/family_matrix.py): one entry per model family's tiny preset. A test
@@ -15,6 +16,8 @@ so every folder (export, runtime, serving, ...) shares the same session instance
 from __future__ import annotations
 
 import importlib
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -27,35 +30,53 @@ pytest_plugins = fixture_plugins()  # tests/families/<name>/fixtures.py of every
 
 
 class Builds:
-    """Checkpoints and fp32 engine dirs of the tiny presets, each built once per session on first use."""
+    """Checkpoints and fp32 engine dirs of the tiny presets, each built once per run on first use (shared on disk
+    by the xdist workers of one run)."""
 
     def __init__(self, tmp_path_factory):
         self._tmp = tmp_path_factory
-        self._checkpoints: dict[str, Path] = {}
-        self._exports: dict[str, Path] = {}
+        base = tmp_path_factory.getbasetemp()
+        # xdist: every worker's basetemp is <run>/popen-gwN, so <run>/builds is the run's one shared folder
+        self._shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "builds"
+        self._shared.mkdir(parents=True, exist_ok=True)
         self._memo: dict[tuple, object] = {}
 
+    def _built(self, name: str, make) -> Path:
+        """<shared>/<name>, made by make(folder) once per run: under a lock, into a temporary folder that is
+        renamed when complete, so a worker never sees a half-built one."""
+        from filelock import FileLock
+
+        final = self._shared / name
+        with FileLock(str(self._shared / f"{name}.lock")):
+            if not final.exists():
+                partial = self._shared / f"{name}.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir()
+                make(partial)
+                partial.rename(final)
+        return final
+
     def checkpoint(self, preset: str) -> Path:
-        if preset not in self._checkpoints:
-            pytest.importorskip("transformers", reason="building a checkpoint needs transformers (export extra)")
+        pytest.importorskip("transformers", reason="building a checkpoint needs transformers (export extra)")
+
+        def make(folder: Path) -> None:
             from coverpruner.testing.checkpoints import write_checkpoint
 
-            self._checkpoints[preset] = write_checkpoint(self._tmp.mktemp(f"{preset}_checkpoint"), preset=preset,
-                                                         seed=0)
-        return self._checkpoints[preset]
+            assert write_checkpoint(folder, preset=preset, seed=0) == folder
+
+        return self._built(f"{preset}_checkpoint", make)
 
     def export(self, preset: str, form: str = "standard") -> Path:
         """The preset's fp32 engine dir with decoder form `form` ("standard": what the family fixtures and the
         TensorRT builds use; "ort": the ORT-form decoder)."""
-        if (preset, form) not in self._exports:
+        checkpoint = self.checkpoint(preset)
+
+        def make(folder: Path) -> None:
             from coverpruner.export.exporter import ExportOptions, export_model
 
-            out = self._tmp.mktemp(f"{preset}_{form}_export")
-            export_model(self.checkpoint(preset), out, preset,
-                         ExportOptions(dtype="fp32", progress=False, decoder_form=form))
-            self._exports[preset, form] = out
-        return self._exports[preset, form]
+            export_model(checkpoint, folder, preset, ExportOptions(dtype="fp32", progress=False, decoder_form=form))
 
+        return self._built(f"{preset}_{form}_export", make)
 
     def memo(self, key: tuple, make):
         """make() once per session for `key` (e.g. a family's Pipeline or an HF reference answer)."""
