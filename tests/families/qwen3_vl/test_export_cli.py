@@ -1,13 +1,10 @@
 """`coverpruner-export --model qwen3-vl-8b` (issue 27): the alias resolves to Qwen/Qwen3-VL-8B-Instruct in the
-Hugging Face cache and exports from there; absent, the CLI exits 2 saying what to download, writing nothing."""
+Hugging Face cache and the exporter gets that snapshot; absent, the CLI exits 2 saying what to download, writing
+nothing. Cheap: no graph is exported here."""
 
 from __future__ import annotations
 
 import json
-
-import pytest
-
-pytestmark = pytest.mark.slow
 
 REPO_ID = "Qwen/Qwen3-VL-8B-Instruct"
 
@@ -28,12 +25,15 @@ def test_absent_weights_say_what_to_download(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_alias_resolves_from_the_hf_cache_and_exports(qwen3_checkpoint, tmp_path, monkeypatch, capsys):
+def test_alias_resolves_from_the_hf_cache(qwen3_checkpoint, tmp_path, monkeypatch):
     """A cached snapshot under the 8B's repo id (here the tiny checkpoint's files) is what --model qwen3-vl-8b
-    exports: the family is detected from the snapshot's config (Qwen3VLForConditionalGeneration)."""
+    hands the exporter (export_model recorded, not run: exporting is the matrix's), with the repo id as the
+    source; the family is the snapshot config's (Qwen3VLForConditionalGeneration)."""
     from huggingface_hub import constants
 
+    from coverpruner.export import exporter
     from coverpruner.export.cli import main
+    from coverpruner.families import family_for_model_type
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = tmp_path / "hub" / ("models--" + REPO_ID.replace("/", "--"))
@@ -45,8 +45,15 @@ def test_alias_resolves_from_the_hf_cache_and_exports(qwen3_checkpoint, tmp_path
         if f.is_file():
             (snap / f.name).symlink_to(f)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    out = tmp_path / "eng"
-    assert main(["--model", "qwen3-vl-8b", "--output", str(out), "--graphs", "embed", "--no-progress"]) == 0
-    man = json.loads((out / "manifest.json").read_text())
-    assert man["family"] == "qwen3_vl" and man["source_model"] == REPO_ID and list(man["graphs"]) == ["embed"]
-    assert man["processor"]["video"]["max_pixels"] == man["processor"]["max_pixels"]  # no video config: the image one
+    calls = []
+
+    def record(model_dir, output, source, opts):
+        calls.append((model_dir, source, opts.dtype))
+        raise exporter.TargetError("recorded")  # the CLI's one-line exit 2 path: nothing written
+
+    monkeypatch.setattr(exporter, "export_model", record)
+    assert main(["--model", "qwen3-vl-8b", "--output", str(tmp_path / "eng"), "--dtype", "fp16"]) == 2
+    assert calls == [(snap, REPO_ID, "fp16")]
+    config = json.loads((snap / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3VLForConditionalGeneration"]
+    assert family_for_model_type(config["model_type"]).name == "qwen3_vl"
