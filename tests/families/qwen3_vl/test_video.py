@@ -68,3 +68,22 @@ def test_bad_video_fails_in_one_line(video, case, match):
     with pytest.raises(VideoError, match=match) as info:
         pipe.chat(_messages(part), max_video_frames=8, max_new_tokens=1)
     assert "\n" not in str(info.value) and str(info.value).startswith("messages[0].content[0]: ")
+
+
+def test_video_file_is_sampled_and_stamped_as_hf(video, tmp_path):
+    """A 12-frame 4-fps file (lossless FFV1): HF's sample_frames takes int(12 / 4 * 2) = 6 frames, indices
+    round(linspace(0, 11, 6)); the timestamps are HF's _calculate_timestamps of those indices at the file's rate."""
+    pytest.importorskip("av", reason="PyAV (the 'video' extra) decodes the video files")
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+
+    from coverpruner.video import VideoInput
+    from tests.families.qwen2_5_vl.test_video_preprocess import write_video
+
+    pipe = video[0]
+    frames = smooth_frames(12, SIZE, seed=12)
+    clip = write_video(tmp_path / "clip.mkv", frames, fps=4)
+    got = pipe.family_runtime.prepare_video(VideoInput(str(clip), where="clip"), {})
+    indices = np.linspace(0, 11, 6).round().astype(int).tolist()
+    assert got.facts["num_frames"] == 6 and tuple(got.facts["grid_thw"]) == (3, 6, 8)
+    assert list(got.facts["timestamps"]) == Qwen3VLProcessor._calculate_timestamps(None, indices, 4.0, 2)
+    np.testing.assert_array_equal(pipe.family_runtime.sampled_frames(VideoInput(str(clip)), {})[1], frames[indices[1]])
