@@ -87,3 +87,19 @@ def test_video_file_is_sampled_and_stamped_as_hf(video, tmp_path):
     assert got.facts["num_frames"] == 6 and tuple(got.facts["grid_thw"]) == (3, 6, 8)
     assert list(got.facts["timestamps"]) == Qwen3VLProcessor._calculate_timestamps(None, indices, 4.0, 2)
     np.testing.assert_array_equal(pipe.family_runtime.sampled_frames(VideoInput(str(clip)), {})[1], frames[indices[1]])
+
+
+def test_video_window_selects_within_temporal_windows(video):
+    """video_window=K: the pipeline hands select_in_windows each candidate's temporal window (temporal patch // K)
+    and keeps what it returns (the 4 temporal patches of 12 rows in windows of 2)."""
+    from coverpruner.selection import get_selector
+    from coverpruner.selection.windowed import select_in_windows
+
+    pipe, frames, _, _ = video
+    windowed = pipe.chat(_messages(frames), budget=16, max_new_tokens=1, method="divprune", video_window=2)
+    native = pipe.native_sequence(pipe.chat_request(_messages(frames), budget=16, method="divprune"))
+    feats = np.asarray(native.spans[0].features, np.float32)
+    windows = np.repeat(np.arange(4) // 2, 12).astype(np.int64)
+    expected = select_in_windows(get_selector("divprune"), feats, None, 16, windows, tau=0.3, seed=None)
+    np.testing.assert_array_equal(windowed.images[0].kept_indices, expected)
+    assert set(np.asarray(expected) // 24) == {0, 1}  # both windows keep rows
