@@ -300,11 +300,14 @@ class FamilyRuntime(Protocol):
     def image_span(self, outputs: dict[str, np.ndarray], vision: VisionInputs, options: dict) -> ImageSpan:
         """The vision graph's outputs (by name, batch axis included) -> the image span of the sequence."""
 
-    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
+    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int],
+                            media: list[dict] | None = None) -> ConversationLayout:
         """Chat template + tokenization of a conversation. messages: [{"role": "system"|"user"|"assistant",
         "content": [{"type": "text", "text": str} | {"type": "image"} | {"type": "video"}, ...]}]
         (runtime/messages.py normalises OpenAI messages to this); the j-th image or video placeholder (counted
-        together, in order) expands to ``rows_per_image[j]`` (S_j) tokens.
+        together, in order) expands to ``rows_per_image[j]`` (S_j) tokens; media (each one's VisionInputs.facts,
+        in order; the pipeline passes them) lets a family's placeholder text depend on the medium (Qwen3-VL
+        stamps each temporal patch of a video with its time: text between the S_j rows).
         ValueError (one line, naming messages[i].content[j]) for text the layout cannot take."""
 
     def native_positions(self, layout: ConversationLayout, visions: list[VisionInputs]) -> np.ndarray:

@@ -111,7 +111,8 @@ class RenderedConversation:
 
 
 def render_conversation(chat_template: str, messages: list[dict], image_token: str, rows_per_image: list[int],
-                        reserved: tuple[str, ...] = (), video_token: str | None = None) -> RenderedConversation:
+                        reserved: tuple[str, ...] = (), video_token: str | None = None,
+                        expand=None) -> RenderedConversation:
     """Render ``messages`` (each {"role", "content": [{"type": "text", "text"} | {"type": "image"}]}) with the
     chat template (add_generation_prompt), expand the j-th image placeholder to ``rows_per_image[j]`` copies of
     ``image_token`` and record each text part's character span (every text part renders as a unique sentinel,
@@ -119,7 +120,8 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
     ``video_token``, expanded the same way (``rows_per_image`` counts images and videos together, in order);
     ValueError for a video part when the family has no video token. ValueError (one line, naming
     messages[i].content[j]) when a text holds ``image_token`` or a ``reserved`` string, or the template does not
-    render each part exactly once."""
+    render each part exactly once. ``expand(j, token, rows)`` -> str, when given, is the text the j-th placeholder
+    becomes instead of ``token * rows`` (Qwen3-VL's timestamped video frames)."""
     marked, texts, images, kinds = [], [], 0, []
     tokens = {"image": image_token, "video": video_token}
     for i, msg in enumerate(messages):
@@ -153,7 +155,8 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
             if image >= len(rows_per_image) or tokens[kinds[image]] != piece:
                 raise ValueError(f"chat template rendered its placeholders out of order or more than the {images} "
                                  "images and videos")
-            piece = piece * int(rows_per_image[image])
+            rows = int(rows_per_image[image])
+            piece = piece * rows if expand is None else expand(image, piece, rows)
             image += 1
         elif piece.startswith("\u2063COVERPRUNER_TEXT"):
             k = int(piece[len("\u2063COVERPRUNER_TEXT"):-1])
@@ -397,12 +400,24 @@ class HFRuntime:
         self.image_token_id = int(manifest.token_ids["image_token_id"])
         self.float_dtype = np.dtype(manifest.float_dtype)
 
-    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int]) -> ConversationLayout:
-        """contract.FamilyRuntime.conversation_layout: the chat template over the whole conversation."""
+    def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int],
+                            media: list[dict] | None = None) -> ConversationLayout:
+        """contract.FamilyRuntime.conversation_layout: the chat template over the whole conversation; the j-th
+        placeholder becomes placeholder_text(token, rows, media[j]) (media: each image's / video's
+        VisionInputs.facts, in order; None: the rows alone)."""
+        expand = None
+        if media is not None:
+            def expand(j, token, rows):
+                return self.placeholder_text(token, rows, media[j])
         rendered = render_conversation(self.chat_template, messages, self.image_token, list(rows_per_image),
-                                       self.reserved_strings, self.video_token)
+                                       self.reserved_strings, self.video_token, expand)
         return tokenize_conversation(tokenizer, rendered, messages, self.image_token_id, list(rows_per_image),
                                      self.video_token_id)
+
+    def placeholder_text(self, token: str, rows: int, facts: dict) -> str:
+        """The text one image / video placeholder becomes: ``rows`` copies of its token (a family whose layout
+        depends on the medium, e.g. Qwen3-VL's video timestamps, overrides this)."""
+        return token * rows
 
     def video_cost(self, video, options: dict):
         """contract.FamilyRuntime.video_cost: a family without video refuses it in one line (prepare_video)."""

@@ -495,7 +495,8 @@ class Pipeline:
             times["vision"] += time.perf_counter() - t
 
         t = time.perf_counter()
-        layout = self.encoder.encode_conversation(conversation.messages, [len(span.rows) for span in spans])
+        layout = self.encoder.encode_conversation(conversation.messages, [len(span.rows) for span in spans],
+                                                  [v.facts for v in visions])
         L = len(layout.input_ids)
         if L >= self.max_positions:
             rows = sum(len(span.rows) for span in spans)

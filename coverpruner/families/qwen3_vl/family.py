@@ -14,16 +14,37 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coverpruner.families.contract import DecoderExtra, DecoderSpec, ExportSpec
+from coverpruner.families.contract import DecoderExtra, DecoderSpec, ExportSpec, RequestOption
 from coverpruner.families.hf import HFFamily, chat_layout, text_dims
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
 from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN, Qwen3VLRuntime, extra_names
+from coverpruner.families.qwen3_vl.video import DEFAULT_MAX_VIDEO_FRAMES, Qwen3VideoSettings
 from coverpruner.families.qwen3_vl.vision import VISION_INPUTS, vision_inputs
 
 
 def deepstack_levels(config) -> int:
     """DeepStack levels the decoder uses: HF adds level k after decoder layer k only while k < its layers."""
     return min(len(config.vision_config.deepstack_visual_indexes), config.text_config.num_hidden_layers)
+
+
+def _int_at_least(value, name: str, minimum: int, what: str = "") -> int:
+    """An int (or digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>, got ..."."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}")
+    return int(value)
+
+
+VIDEO_WINDOW_OPTION = RequestOption(
+    name="video_window", parse=lambda v: _int_at_least(v, "video_window", 1, " (temporal patches per window)"),
+    metavar="K", help="Qwen3-VL video: select within windows of K temporal patches (2K frames), the budget split "
+                      "across windows (coverpruner.selection.windowed). Default: one selection over the whole video.")
+MAX_VIDEO_FRAMES_OPTION = RequestOption(
+    name="max_video_frames", parse=lambda v: _int_at_least(v, "max_video_frames", 2), metavar="N",
+    default=DEFAULT_MAX_VIDEO_FRAMES,
+    help=f"Qwen3-VL video: the most frames a video may give after sampling (default {DEFAULT_MAX_VIDEO_FRAMES}); "
+         "more is refused in one line.")
 
 
 class Qwen3VLFamily(HFFamily):
@@ -35,7 +56,8 @@ class Qwen3VLFamily(HFFamily):
     position_rank = 3
     mrope_interleaved = True
     image_token = IMAGE_TOKEN
-    request_options = ()
+    request_options = (VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
+    support_files = HFFamily.support_files + ("video_preprocessor_config.json",)
 
     def runtime(self, manifest) -> Qwen3VLRuntime:
         return Qwen3VLRuntime(manifest)
@@ -44,7 +66,10 @@ class Qwen3VLFamily(HFFamily):
         f = Path(model_dir) / "preprocessor_config.json"
         if not f.is_file():
             raise FileNotFoundError(f"{model_dir}: preprocessor_config.json is missing")
-        return Qwen3ImageSettings.from_dict(json.loads(f.read_text())).to_dict()
+        image = json.loads(f.read_text())
+        v = Path(model_dir) / "video_preprocessor_config.json"  # HF's video processor reads the image one without it
+        video = json.loads(v.read_text()) if v.is_file() else image
+        return {**Qwen3ImageSettings.from_dict(image).to_dict(), "video": Qwen3VideoSettings.from_dict(video).to_dict()}
 
     def dims(self, config) -> dict:
         t, v = config.text_config, config.vision_config
@@ -88,7 +113,8 @@ class Qwen3VLFamily(HFFamily):
 
     def manifest_fields(self, config, model_dir: Path) -> dict:
         """Family axes: num_patches / num_visual, with 1024x1024 (1,024 tokens) as the optimum when allowed."""
-        settings = Qwen3ImageSettings.from_dict(self.processor_settings(model_dir))
+        processor = self.processor_settings(model_dir)
+        settings = Qwen3ImageSettings.from_dict(processor)
         n_max = settings.max_pixels // settings.factor ** 2
         n_opt = min(n_max, 1024)
         unit = settings.merge_size ** 2
@@ -97,7 +123,7 @@ class Qwen3VLFamily(HFFamily):
             visual={"max_visual_tokens": n_max, "position_rank": 3, "position_mode": "native"},
             layout=chat_layout(IMAGE_TOKEN, "grid_thw / merge^2", "none",
                                "mrope [3, L]: native; pruned rows keep native; decode at max+1+t"),
-            processor=settings.to_dict(), options={},
+            processor=processor, options={},
             axes={"num_patches": [unit, unit * n_opt, unit * n_max], "num_visual": [1, n_opt, n_max]})
 
     def export_specs(self, model, config, dtype) -> dict[str, ExportSpec]:

@@ -1,0 +1,222 @@
+"""Qwen3-VL video preprocessing in numpy/PIL, torch-free: transformers' Qwen3VLVideoProcessor and the
+Qwen3VLProcessor's timestamped layout (rules re-stated from transformers 5.24, no code taken).
+
+* A video FILE is sampled at ``fps`` (default the checkpoint's, 2.0): n = int(total / video_fps * fps), clamped to
+  [min_frames (4), max_frames (768)] and to total; the frames taken are round(linspace(0, total - 1, n)).
+  ``max_frames`` of the request replaces the upper bound. A frame LIST is taken whole; ``fps`` (default 2.0) says
+  how far apart its frames were taken (HF falls back to 24 fps with a warning when it has no rate).
+* Every frame is resized to one size: the video smart resize, whose pixel limits bound the WHOLE clip
+  (t_bar * H * W within [shortest_edge, longest_edge] of video_preprocessor_config.json's size, t_bar = the frame
+  count rounded to an even number; a side shorter than 32 px is first scaled up), sides multiples of 32 px; PIL
+  bicubic (HF: torchvision's antialiased bicubic, a few grey levels apart; frames already at the size are kept).
+* Rescale and normalize as an image, pad with the last frame to an even count, cut into temporal patches of 2
+  frames: grid_thw = (F / 2, H / 16, W / 16), patches in merge-block-major order per temporal patch.
+* Timestamps: frame k was taken at index_k / fps seconds (indices padded like the frames); temporal patch j is
+  stamped with the mean of its first and last frame's time, written f"<{t:.1f} seconds>". The chat template's
+  video placeholder becomes, per temporal patch, "<t seconds><|vision_start|><|video_pad|>*(gh*gw/4)<|vision_end|>"
+  (so each temporal patch is its own visual run for get_rope_index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from coverpruner.errors import ImageError, VideoError
+from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, normalize, patchify
+from coverpruner.images import load_rgb
+from coverpruner.video import VideoCost, VideoInput, probe_video, read_video
+
+#: frames per video a request may hold when neither the request nor the manifest says (option max_video_frames)
+DEFAULT_MAX_VIDEO_FRAMES = 64
+VIDEO_TOKEN = "<|video_pad|>"
+
+
+@dataclass(frozen=True)
+class Qwen3VideoSettings:
+    """video_preprocessor_config.json's fields that matter (HF reads preprocessor_config.json's size when the
+    checkpoint has no video config; defaults: Qwen3VLVideoProcessor's)."""
+
+    min_pixels: int = 128 * 32 * 32
+    max_pixels: int = 768 * 32 * 32
+    fps: float = 2.0
+    min_frames: int = 4
+    max_frames: int = 768
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Qwen3VideoSettings":
+        size = d.get("size") or {}
+        kw = {}
+        if "shortest_edge" in size:
+            kw["min_pixels"] = int(size["shortest_edge"])
+        if "longest_edge" in size:
+            kw["max_pixels"] = int(size["longest_edge"])
+        for key in ("min_pixels", "max_pixels", "min_frames", "max_frames"):
+            if d.get(key) is not None:
+                kw[key] = int(d[key])
+        if d.get("fps") is not None:
+            kw["fps"] = float(d["fps"])
+        return cls(**kw)
+
+    def to_dict(self) -> dict:
+        return {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, "fps": self.fps,
+                "min_frames": self.min_frames, "max_frames": self.max_frames}
+
+
+@dataclass(frozen=True)
+class Qwen3Video:
+    """pixel_values float32 [t*gh*gw, C*T*P*P]; grid_thw (t, gh, gw); num_frames after padding (t*T); timestamps:
+    seconds of each temporal patch [t]; fps the timestamps were computed with; resized / original (H, W)."""
+
+    pixel_values: np.ndarray
+    grid_thw: tuple[int, int, int]
+    num_frames: int
+    timestamps: tuple[float, ...]
+    fps: float
+    resized: tuple[int, int]
+    original: tuple[int, int]
+
+    @property
+    def num_visual_tokens(self) -> int:
+        t, h, w = self.grid_thw
+        return t * h * w // 4
+
+
+def video_smart_resize(num_frames: int, height: int, width: int, factor: int, min_pixels: int,
+                       max_pixels: int, temporal: int = 2) -> tuple[int, int]:
+    """(H, W) of every frame (module doc): t_bar * H * W within [min_pixels, max_pixels]. ValueError (one line)
+    for an aspect ratio above 200."""
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
+    t_bar = round(num_frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((num_frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (num_frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def sample_count(total: int, video_fps: float, fps: float, v: Qwen3VideoSettings, max_frames: int | None) -> int:
+    """Frames taken from a file of ``total`` frames at ``video_fps`` (module doc)."""
+    n = int(total / video_fps * fps)
+    return min(max(n, v.min_frames), v.max_frames if max_frames is None else int(max_frames), total)
+
+
+def sample_indices(total: int, n: int) -> np.ndarray:
+    """int64 [n]: round(linspace(0, total - 1, n)) (round half to even, as numpy in HF)."""
+    return np.linspace(0, total - 1, n).round().astype(np.int64)
+
+
+def timestamps(indices, fps: float, temporal: int = 2) -> tuple[float, ...]:
+    """Seconds of each temporal patch: indices padded with the last to a multiple of ``temporal``, index / fps,
+    the mean of each patch's first and last."""
+    idx = [int(i) for i in indices]
+    idx += [idx[-1]] * (-len(idx) % temporal)
+    secs = [i / fps for i in idx]
+    return tuple((secs[k] + secs[k + temporal - 1]) / 2 for k in range(0, len(secs), temporal))
+
+
+def placeholder(stamps, rows_per_patch: int, video_token: str = VIDEO_TOKEN) -> str:
+    """The text a video's placeholder becomes (module doc)."""
+    return "".join(f"<{t:.1f} seconds><|vision_start|>{video_token * rows_per_patch}<|vision_end|>" for t in stamps)
+
+
+def _sampled(video: VideoInput, total: int, video_fps: float, v: Qwen3VideoSettings, limit: int, where: str) -> int:
+    fps = v.fps if video.fps is None else float(video.fps)
+    n = sample_count(total, video_fps, fps, v, video.max_frames)
+    if n > limit:
+        raise VideoError(f"{where}: samples {n} frames ({total} at {video_fps:g} fps, fps {fps:g}); at most {limit} "
+                         "per video (max_video_frames; lower fps or max_frames)")
+    return n
+
+
+def _frames(video: VideoInput, v: Qwen3VideoSettings, limit: int, where: str):
+    """(uint8 RGB frames, the frame indices, the rate the indices count at)."""
+    if video.is_frames:
+        frames = list(video.video)
+        if not frames:
+            raise VideoError(f"{where}: the frame list is empty")
+        if len(frames) > limit:
+            raise VideoError(f"{where}: {len(frames)} frames; at most {limit} per video (max_video_frames)")
+        rgb = []
+        for k, frame in enumerate(frames):
+            try:
+                rgb.append(load_rgb(frame, True)[1])
+            except ImageError as exc:
+                raise VideoError(f"{where}: frame {k}: {exc}") from None
+        return rgb, np.arange(len(rgb)), v.fps if video.fps is None else float(video.fps)
+    box = {}
+
+    def pick(total: int, video_fps: float):
+        box["idx"] = sample_indices(total, _sampled(video, total, video_fps, v, limit, where))
+        return box["idx"]
+
+    try:
+        frames, rate = read_video(video.video, pick)
+    except VideoError as exc:
+        message = str(exc)
+        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    return frames, box["idx"], rate
+
+
+def video_cost(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSettings, limit: int = DEFAULT_MAX_VIDEO_FRAMES,
+               where: str = "video") -> VideoCost | None:
+    """What a video FILE costs from its header alone (no frame decoded); None for a frame list. VideoError (one
+    line) for an unreadable header or more than ``limit`` frames."""
+    if video.is_frames:
+        return None
+    try:
+        header = probe_video(video.video)
+    except VideoError as exc:
+        message = str(exc)
+        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    n = (_sampled(video, header.frames, header.fps, v, limit, where) if header.frames > 0
+         else limit if video.max_frames is None else min(video.max_frames, limit))
+    try:
+        h, w = video_smart_resize(n, header.height, header.width, s.factor, v.min_pixels, v.max_pixels)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise VideoError(f"{where}: frames {header.width}x{header.height}: {exc}") from None
+    n += n % s.temporal_patch_size
+    return VideoCost(n, header.height, header.width, (n // s.temporal_patch_size) * (h // s.factor) * (w // s.factor))
+
+
+def sampled_frames(video: VideoInput, v: Qwen3VideoSettings, limit: int = DEFAULT_MAX_VIDEO_FRAMES,
+                   where: str = "video") -> list[np.ndarray]:
+    """The frames the model sees before resizing (uint8 [H, W, 3]), padded with the last to an even count."""
+    frames = _frames(video, v, limit, where)[0]
+    return frames + [frames[-1]] * (len(frames) % 2)
+
+
+def preprocess_video(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSettings,
+                     limit: int = DEFAULT_MAX_VIDEO_FRAMES, where: str = "video") -> Qwen3Video:
+    """A video content part -> Qwen3Video (module doc). VideoError (one line, starting with ``where``) for
+    unreadable frames or files, frames of different sizes, a bad fps or more than ``limit`` frames."""
+    frames, indices, fps = _frames(video, v, limit, where)
+    if not fps > 0:
+        raise VideoError(f"{where}: fps must be > 0, got {fps}")
+    sizes = {f.shape[:2] for f in frames}
+    if len(sizes) != 1:
+        raise VideoError(f"{where}: frames must all be the same size, got {sorted(sizes)} (height, width)")
+    h, w = frames[0].shape[:2]
+    try:
+        size = video_smart_resize(len(frames), h, w, s.factor, v.min_pixels, v.max_pixels, s.temporal_patch_size)
+    except ValueError as exc:
+        raise VideoError(f"{where}: frames {w}x{h}: {exc}") from None
+    if size != (h, w):
+        frames = [np.asarray(Image.fromarray(f).resize((size[1], size[0]), resample=s.resample)) for f in frames]
+    x = np.stack([normalize(f, s) for f in frames])
+    if pad := -len(x) % s.temporal_patch_size:
+        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
+    patches, grid = patchify(x, s)
+    return Qwen3Video(patches, grid, len(x), timestamps(indices, fps, s.temporal_patch_size), fps, size, (h, w))
