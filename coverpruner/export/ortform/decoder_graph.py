@@ -29,6 +29,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+#: "fp32": float32 throughout; "fp16": float16 weights, activations, rotary tables and KV cache (the form ONNX
+#: Runtime's CUDA provider has a GroupQueryAttention kernel for), float32 logits; "int4": MatMulNBits weights
+#: over float32 activations (CPU).
+PRECISIONS = ("fp32", "fp16", "int4")
 
 
 class _ExternalData:
@@ -84,8 +88,10 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
     ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
     """
-    if precision not in ("fp32", "int4"):
-        raise ValueError(f"precision must be fp32 or int4, got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    # activations, KV cache, rotary tables and float weights in one dtype (int4 keeps float32 activations)
+    fdt = np.dtype(np.float16 if precision == "fp16" else np.float32)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     H = weights.norm.shape[0]
@@ -96,6 +102,8 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     nodes: list[onnx.NodeProto] = []
 
     def init(name: str, array: np.ndarray) -> str:
+        if array.dtype.kind == "f" and precision != "int4":  # int4: MatMulNBits scales stay float32
+            array = array.astype(fdt)
         inits.append(data.tensor(name, array))
         return name
 
@@ -105,7 +113,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
 
     def matmul(x: str, weight: np.ndarray, name: str, out: str) -> str:
         """x [..., K] @ weight.T, weight [N, K] (HF Linear layout)."""
-        if precision == "fp32":
+        if precision != "int4":
             return node("MatMul", [x, init(f"{name}.weight_t", weight.T)], [out])[0]
         packed, scales = quantize_4bit(weight.T, block_size)
         n, k = weight.shape
@@ -184,22 +192,27 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     r_last = node("Gather", [residual, last], ["last/residual"], axis=1)[0]
     normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", weights.norm)],
                   ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
-    matmul(normed, weights.lm_head, "lm_head", "logits")
+    if fdt == np.float32:
+        matmul(normed, weights.lm_head, "lm_head", "logits")
+    else:  # logits leave in float32 (the host sampler's softmax); the fp16 MatMul already rounded them
+        node("Cast", [matmul(normed, weights.lm_head, "lm_head", "lm_head/logits")], ["logits"],
+             to=TensorProto.FLOAT)
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    ft = helper.np_dtype_to_tensor_dtype(fdt)
     kv_shape = ["batch", kvh, "capacity", D]
-    inputs = [helper.make_tensor_value_info("inputs_embeds", f32, ["batch", "sequence", H]),
+    inputs = [helper.make_tensor_value_info("inputs_embeds", ft, ["batch", "sequence", H]),
               helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
               helper.make_tensor_value_info("total_sequence_length", i32, []),
-              helper.make_tensor_value_info("rotary_cos", f32, ["rotary_rows", D // 2]),
-              helper.make_tensor_value_info("rotary_sin", f32, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_cos", ft, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_sin", ft, ["rotary_rows", D // 2]),
               helper.make_tensor_value_info("rotary_row", i64, ["batch", "sequence"])]
     outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, c["vocab"]])]
     for i in range(c["layers"]):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_shape))
-    inputs += [helper.make_tensor_value_info(e.name, f32, ["batch", "sequence", H]) for e in extras]
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft, kv_shape))
+    inputs += [helper.make_tensor_value_info(e.name, ft, ["batch", "sequence", H]) for e in extras]
     graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
     data.file.close()
