@@ -1,16 +1,17 @@
 """Write the text decoder as one ORT-form ONNX graph (graphs.decoder.form "ort", docs/engine-dir.md).
 
-The weights come from the family adapter (contract.Family.decoder_weights), as float32 arrays.
+The weights come from the family adapter (contract.Family.decoder_weights), as float arrays.
 
-Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab):
-  inputs   inputs_embeds [B, S, hidden] f32, seqlens_k [B] i32 (tokens in cache after the call - 1),
+Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab; F the float
+type: f32, or f16 for precision "fp16"):
+  inputs   inputs_embeds [B, S, hidden] F, seqlens_k [B] i32 (tokens in cache after the call - 1),
            total_sequence_length [] i32 (max over the batch of seqlens_k + 1),
-           rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see engines/rotary.py),
-           rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
-           past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update),
-           then one [B, S, hidden] f32 input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
+           rotary_cos / rotary_sin [R, D/2] F (rows of this call's tokens, see engines/ort_form_decoder.py),
+           rotary_row [B, S] i64 (row of each token's rotation in rotary_cos),
+           past_key_values.N.key/value [B, kvH, C, D] F (shared with present: in-place update),
+           then one [B, S, hidden] F input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
            has none, so decode steps feed zeros)
-  outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
+  outputs  logits [B, 1, V] F (last position only), present.N.key/value [B, kvH, C, D]
 Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
 GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
@@ -29,8 +30,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
-#: "fp32": float32 throughout; "fp16": float16 weights, activations, rotary tables and KV cache (the form ONNX
-#: Runtime's CUDA provider has a GroupQueryAttention kernel for), float32 logits; "int4": MatMulNBits weights
+#: "fp32": float32 throughout; "fp16": float16 weights, activations, rotary tables, KV cache and logits (the form
+#: ONNX Runtime's CUDA provider has a GroupQueryAttention kernel for; as onnxruntime-genai's CUDA models, the
+#: kernels keep their reductions in float32: GQA's softmax, the norms' mean square); "int4": MatMulNBits weights
 #: over float32 activations (CPU).
 PRECISIONS = ("fp32", "fp16", "int4")
 
@@ -192,11 +194,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     r_last = node("Gather", [residual, last], ["last/residual"], axis=1)[0]
     normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", weights.norm)],
                   ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
-    if fdt == np.float32:
-        matmul(normed, weights.lm_head, "lm_head", "logits")
-    else:  # logits leave in float32 (the host sampler's softmax); the fp16 MatMul already rounded them
-        node("Cast", [matmul(normed, weights.lm_head, "lm_head", "lm_head/logits")], ["logits"],
-             to=TensorProto.FLOAT)
+    matmul(normed, weights.lm_head, "lm_head", "logits")  # fp16 logits: widening them on the host is exact
 
     f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
     ft = helper.np_dtype_to_tensor_dtype(fdt)
@@ -207,7 +205,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
               helper.make_tensor_value_info("rotary_cos", ft, ["rotary_rows", D // 2]),
               helper.make_tensor_value_info("rotary_sin", ft, ["rotary_rows", D // 2]),
               helper.make_tensor_value_info("rotary_row", i64, ["batch", "sequence"])]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, c["vocab"]])]
+    outputs = [helper.make_tensor_value_info("logits", ft, ["batch", 1, c["vocab"]])]
     for i in range(c["layers"]):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft, kv_shape))
