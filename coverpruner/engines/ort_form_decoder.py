@@ -20,7 +20,6 @@ numpy + onnxruntime only.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
 from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs

@@ -196,7 +196,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
                   ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
     matmul(normed, weights.lm_head, "lm_head", "logits")  # fp16 logits: widening them on the host is exact
 
-    f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    i32, i64 = TensorProto.INT32, TensorProto.INT64
     ft = helper.np_dtype_to_tensor_dtype(fdt)
     kv_shape = ["batch", kvh, "capacity", D]
     inputs = [helper.make_tensor_value_info("inputs_embeds", ft, ["batch", "sequence", H]),
