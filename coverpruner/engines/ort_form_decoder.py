@@ -69,6 +69,8 @@ class KVSlots:
         total = self.lengths[slots] + s
         if total.max() > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {int(total.max())} requested")
+        if count * s > self.buffers.rows:  # one entry's prefill or one token per entry, never both
+            raise ValueError(f"a call takes at most {self.buffers.rows} rows; got {count} entries x {s} tokens")
         rows = [self._rows(p) for p in positions]
         binding = self.session.io_binding()
         embeds = np.ascontiguousarray(embeds, self.dtype)
