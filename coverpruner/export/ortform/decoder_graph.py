@@ -104,8 +104,8 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     nodes: list[onnx.NodeProto] = []
 
     def init(name: str, array: np.ndarray) -> str:
-        if array.dtype.kind == "f" and precision != "int4":  # int4: MatMulNBits scales stay float32
-            array = array.astype(fdt)
+        if array.dtype.kind == "f":  # weights, norms, biases (and int4's MatMulNBits scales: float32)
+            array = array.astype(fdt, copy=False)
         inits.append(data.tensor(name, array))
         return name
 
