@@ -9,7 +9,9 @@
    - kernel: libcoverpruner_selector.so (built here with CMake for this GPU) == the float64 reference selector
      (same indices, or a set whose float64 objective is not worse than the reference's x (1 - 1e-7): the float32
      rule), at n = 576, 1,000 and 2,880, batch 1 and 3, fp32 and fp16;
-   - ort-cuda: the engine dir on ONNX Runtime's CUDA provider answers the CPU provider's tokens;
+   - ort-cuda: the engine dir (without --engine-dir: the checkpoint exported in fp16 with the ORT-form decoder,
+     the form the CUDA provider batches with) on ONNX Runtime's CUDA provider answers its CPU provider's tokens,
+     and an ORT-form dir batched there (KV cache in GPU memory) answers its batch-1 tokens;
    - plugin-engine: the TensorRT plugin selector (plugin-form export + coverpruner-build --plugin) answers the CPU
      provider's tokens through the TensorRT engines;
 4. times the CUDA selector at the paper's shapes (n = 576 and 2,880, d = 4,096) and sets each time beside the
@@ -226,16 +228,43 @@ def _answers(engine_dir: Path, provider: str, **load) -> list[int]:
                          ignore_eos=True).token_ids
 
 
-def check_ort_cuda(engine_dir: Path, cpu_tokens: list[int]) -> tuple[str, dict]:
+def fp16_ort_dir(workdir: Path) -> Path:
+    """The doctor's checkpoint exported with --dtype fp16 --decoder-form ort (the form ONNX Runtime's CUDA provider
+    batches with; its fp32 ORT form has no CUDA GroupQueryAttention kernel), reused when present."""
+    from coverpruner.engine_dir import read_if_present
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    out = workdir / "tiny-engine-fp16-ort"
+    if read_if_present(out) is None:
+        export_model(workdir / "tiny-checkpoint", out, "coverpruner doctor (fp16, ORT-form decoder)",
+                     ExportOptions(dtype="fp16", decoder_form="ort", progress=False))
+    return out
+
+
+def check_ort_cuda(engine_dir: Path) -> tuple[str, dict]:
+    """engine_dir on ONNX Runtime's CUDA provider answers its CPU provider's tokens; an ORT-form dir also batches
+    there (3 requests over 2 slots, KV cache in device memory) with the batch-1 tokens."""
     import onnxruntime as ort
+
+    from coverpruner.runtime import Pipeline
 
     if (problem := gpu_problem()) is not None:
         raise Skip(problem)
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise Skip(f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (pip install onnxruntime-gpu)")
-    tokens = _answers(engine_dir, "cuda")
+    cpu_tokens = _answers(engine_dir, "cpu", threads=2)
+    pipe = Pipeline.load(engine_dir, provider="cuda")
+    jobs = [dict(image=str(DEMO_IMAGE), prompt=PROMPT, budget=budget, max_new_tokens=NEW_TOKENS, ignore_eos=True)
+            for budget in (BUDGET, "full", 4)]
+    tokens = pipe.generate(**jobs[0]).token_ids
     assert tokens == cpu_tokens, f"CUDA provider tokens {tokens} != CPU provider tokens {cpu_tokens}"
-    return f"CUDA provider answers the CPU tokens ({len(tokens)} tokens)", {"tokens": tokens}
+    detail = f"CUDA provider answers the CPU tokens ({len(tokens)} tokens, {pipe.decoder_form}-form decoder)"
+    if pipe.decoder_form == "ort":
+        alone = [tokens] + [pipe.generate(**j).token_ids for j in jobs[1:]]
+        batched = [r.token_ids for r in pipe.batch_generate(jobs, max_batch=2, capacity=256)]
+        assert batched == alone, f"batched CUDA tokens {batched} != batch-1 tokens {alone}"
+        detail += "; batched (3 requests over 2 slots, KV in GPU memory) == batch 1"
+    return detail, {"tokens": tokens, "engine_dir": str(engine_dir)}
 
 
 def check_plugin_engine(workdir: Path, libs, cpu_tokens: list[int]) -> tuple[str, dict]:
@@ -355,7 +384,6 @@ def main(argv: list[str] | None = None) -> int:
 
     checks.append(_timed("native-build", build))
     libs = libs_box.get("libs")
-    engine_dir = Path(checks[0].data["engine_dir"]) if checks[0].status == "pass" else None
 
     def needs(what, ok: bool, why: str):
         """A GPU check: skipped first for a missing GPU, then for a missing prerequisite."""
@@ -367,8 +395,9 @@ def main(argv: list[str] | None = None) -> int:
 
     checks.append(_timed("kernel", lambda: needs(lambda: check_kernel(libs), libs is not None,
                                                  f"native build: {checks[2].detail}")))
-    checks.append(_timed("ort-cuda", lambda: needs(lambda: check_ort_cuda(engine_dir, cpu_tokens),
-                                                   bool(cpu_tokens), "no CPU answer to compare with")))
+    checks.append(_timed("ort-cuda", lambda: needs(
+        lambda: check_ort_cuda(args.engine_dir or fp16_ort_dir(workdir)), bool(cpu_tokens),
+        "no CPU answer (the engine dir does not run)")))
     checks.append(_timed("plugin-engine", lambda: needs(lambda: check_plugin_engine(workdir, libs, cpu_tokens),
                                                         bool(cpu_tokens) and args.engine_dir is None,
                                                         "needs the doctor's own checkpoint (no --engine-dir) and "

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-_H2D, _D2H = 1, 2  # cudaMemcpyKind
+_H2D, _D2H, _D2D = 1, 2, 3  # cudaMemcpyKind
 
 
 class CudaError(RuntimeError):
@@ -41,6 +41,9 @@ def cudart() -> ctypes.CDLL:
     lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.cudaFree.argtypes = [ctypes.c_void_p]
     lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudaMemcpy2DAsync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                                      ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    lib.cudaMemsetAsync.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p]
     lib.cudaStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
     lib.cudaStreamDestroy.argtypes = [ctypes.c_void_p]
@@ -120,6 +123,9 @@ class DeviceBuffer:
                   "cudaMemcpyAsync device->host")
         return out
 
+    def zero(self, stream: Stream) -> None:
+        check(cudart().cudaMemsetAsync(self.ptr, 0, self.nbytes, stream.handle), "cudaMemsetAsync")
+
     def free(self) -> None:
         if self.ptr and _LIB is not None:
             _LIB.cudaFree(self.ptr)
@@ -127,3 +133,13 @@ class DeviceBuffer:
 
     def __del__(self):
         self.free()
+
+
+def copy_2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int, kind: str,
+            stream: Stream) -> None:
+    """`rows` rows of `width` bytes from address src (rows `src_pitch` bytes apart) to dst (`dst_pitch` apart);
+    kind "h2d", "d2h" or "d2d" (host addresses: a numpy array's .ctypes.data). Asynchronous on `stream`."""
+    if width and rows:
+        check(cudart().cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows,
+                                         {"h2d": _H2D, "d2h": _D2H, "d2d": _D2D}[kind], stream.handle),
+              f"cudaMemcpy2DAsync {kind}")

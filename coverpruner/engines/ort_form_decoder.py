@@ -1,51 +1,57 @@
 """The ORT-form decoder engine: KV slots updated in place, one request (DecoderLoop) or many (BatchDecoder).
 
 The graph (graphs.decoder.form "ort", export/ortform/decoder_graph.py) reads and writes each layer's cache
-through GroupQueryAttention with past and present bound to the same preallocated [B, H_kv, C, hd] float32
-buffer (past_present_share_buffer): the new rows are written in place at each entry's own length, nothing of
-the past is copied per step and no repeat_kv expansion runs. Batch is the outer axis, so the first k slots are
-one contiguous [k, H_kv, C, hd] view: a call runs exactly the active slots (kept packed at the front; a request
-that leaves has the last slot moved into its place, one copy per leave, none per step).
+through GroupQueryAttention with past and present bound to the same preallocated [B, H_kv, C, hd] buffer
+(past_present_share_buffer; float32, or float16 for an fp16 export): the new rows are written in place at each
+entry's own length, nothing of the past is copied per step and no repeat_kv expansion runs. Batch is the outer
+axis, so the first k slots are one contiguous [k, H_kv, C, hd] view: a call runs exactly the active slots (kept
+packed at the front; a request that leaves has the last slot moved into its place, one copy per leave, none per
+step). The buffers live in host memory for the CPU provider and in device memory for the CUDA provider
+(engines/kv_buffers.py).
 
 Rotary rows are computed here (engines/rotary.py) from each token's positions, so any layout works (LLaVA's
-compact 1-D, Qwen2.5-VL's M-RoPE 3-D with gaps): row b*C + t of the [B*C, hd/2] cos/sin tables holds the rotation
-of slot b's t-th token, and ``rotary_row`` = b*C + length_b + s (GQA reads row rotary_row[b, 0] + s).
+compact 1-D, Qwen2.5-VL's M-RoPE 3-D with gaps): a call's rows are written at the start of the cos/sin tables,
+entry b's s-th new token at row b*S + s, and ``rotary_row`` [b, s] = b*S + s (the CPU kernel reads row
+rotary_row[b, 0] + s, the CUDA kernel rotary_row[b, s]: the same rows). Cached keys are stored rotated, so earlier
+tokens' rows are never needed again.
 numpy + onnxruntime only.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 
 from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
+from coverpruner.engines.kv_buffers import kv_buffers
 from coverpruner.engines.rotary import rotary_rows
 
 
 class KVSlots:
-    """`batch` KV slots of `capacity` tokens each for one ORT-form decoder session (float32).
+    """`batch` KV slots of `capacity` tokens each for one ORT-form decoder session.
 
     session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section"}.
-    lengths: int64 [batch], tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps
-    the active ones at the front.
+    device: 'cpu' (numpy buffers) or 'cuda' (device buffers for the CUDA provider, engines/kv_buffers.py).
+    The cache's float dtype is the graph's (float32, or float16 for an fp16 export). lengths: int64 [batch],
+    tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps the active ones at the
+    front.
     """
 
     def __init__(self, session, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 rotary: dict):
+                 rotary: dict, device: str = "cpu"):
         self.session, self.batch, self.capacity = session, batch, capacity
         self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
         self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
         self.interleaved = bool(rotary.get("mrope_interleaved", False))
+        inputs = {i.name: i.type for i in session.get_inputs()}
         #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows and KV
-        self.extra_names = extra_inputs([i.name for i in session.get_inputs()],
-                                        (*ORT_DECODER_INPUTS, *past_names(num_layers)))
-        shape = (batch, num_kv_heads, capacity, head_dim)
-        # [layer][key/value] -> [B, H_kv, C, hd]; OrtValues are made per call over views of this memory
-        self.kv = [[np.zeros(shape, np.float32) for _ in range(2)] for _ in range(num_layers)]
+        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(num_layers)))
+        #: float dtype of embeddings, rotary rows and cache (the graph's inputs_embeds)
+        self.dtype = np.dtype(np.float16 if inputs.get("inputs_embeds") == "tensor(float16)" else np.float32)
+        self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in range(num_layers)
+                      for kind in ("key", "value")]
+        self.buffers = kv_buffers(device, batch, capacity, num_layers, num_kv_heads, head_dim, self.dtype)
         self.lengths = np.zeros(batch, dtype=np.int64)
-        self.cos = np.zeros((batch * capacity, head_dim // 2), np.float32)
-        self.sin = np.zeros_like(self.cos)
 
     def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """positions int64 [R, S] -> cos, sin [S, hd/2]."""
@@ -53,56 +59,55 @@ class KVSlots:
         return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section,
                            self.interleaved)
 
-    def write_rows(self, slot: int, positions: np.ndarray) -> None:
-        """Rotary rows of the tokens slot `slot` appends next (positions int64 [R, S])."""
-        cos, sin = self._rows(positions)
-        start = slot * self.capacity + int(self.lengths[slot])
-        self.cos[start:start + len(cos)] = cos
-        self.sin[start:start + len(sin)] = sin
-
-    def run(self, first: int, count: int, embeds: np.ndarray, extras: dict | None = None) -> np.ndarray:
-        """Append S tokens to slots first..first+count-1 (their rotary rows written): embeds float32 [count, S, d]
-        and the decoder extras {input name: float32 [count, S, d]} (zeros for those not given) -> logits float32
-        [count, V] of each slot's last new token."""
+    def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
+            extras: dict | None = None) -> np.ndarray:
+        """Append S tokens to slots first..first+count-1: embeds float [count, S, d], positions one int64 [R, S]
+        per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given) -> logits
+        float32 [count, V] of each slot's last new token."""
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
         total = self.lengths[slots] + s
         if total.max() > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {int(total.max())} requested")
+        if count * s > self.buffers.rows:  # one entry's prefill or one token per entry, never both
+            raise ValueError(f"a call takes at most {self.buffers.rows} rows; got {count} entries x {s} tokens")
+        rows = [self._rows(p) for p in positions]
         binding = self.session.io_binding()
-        embeds = np.ascontiguousarray(embeds, np.float32)
+        embeds = np.ascontiguousarray(embeds, self.dtype)
         binding.bind_cpu_input("inputs_embeds", embeds)
         for name, value in extra_feeds(self.extra_names, extras, embeds).items():
             binding.bind_cpu_input(name, value)
         binding.bind_cpu_input("seqlens_k", (total - 1).astype(np.int32))
         binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
-        binding.bind_cpu_input("rotary_cos", self.cos)
-        binding.bind_cpu_input("rotary_sin", self.sin)
-        binding.bind_cpu_input("rotary_row", (slots * self.capacity + self.lengths[slots])[:, None]
+        # this call's rotary rows only, entry b's at b*S..b*S+S-1 (its keys are stored rotated: the cached
+        # tokens' rows are never read again)
+        self.buffers.bind_rotary(binding, np.concatenate([c for c, _ in rows]), np.concatenate([n for _, n in rows]))
+        binding.bind_cpu_input("rotary_row", (np.arange(count, dtype=np.int64) * s)[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
-        for i in range(self.num_layers):
-            for j, kind in enumerate(("key", "value")):
-                # a contiguous [count, H_kv, C, hd] view: ORT writes the new rows into it in place
-                value = ort.OrtValue.ortvalue_from_numpy(self.kv[i][j][first:first + count])
-                binding.bind_ortvalue_input(f"past_key_values.{i}.{kind}", value)
-                binding.bind_ortvalue_output(f"present.{i}.{kind}", value)
-        binding.bind_output("logits")
+        self.buffers.bind_kv(binding, first, count, self.names)
+        binding.bind_output("logits")  # to host memory
         self.session.run_with_iobinding(binding)
         self.lengths[slots] = total
-        # only logits comes back to numpy: copy_outputs_to_cpu would also copy every bound present buffer,
+        # only logits comes back to the host: copy_outputs_to_cpu would also copy every bound present buffer,
         # num_layers x 2 x [count, H_kv, C, hd] per call (320 MB a step at batch 8 on LLaVA-1.5-7B widths)
-        return binding.get_outputs()[-1].numpy()[:, -1, :]  # logits is bound last
+        return binding.get_outputs()[-1].numpy()[:, -1, :].astype(np.float32, copy=False)  # logits is bound last
 
     def move(self, src: int, dst: int) -> None:
-        """Copy slot src's cached tokens and rotary rows into slot dst (src is then free)."""
+        """Copy slot src's cached tokens into slot dst (src is then free)."""
         n = int(self.lengths[src])
-        for pair in self.kv:
-            for a in pair:
-                a[dst, :, :n] = a[src, :, :n]
-        c = self.capacity
-        self.cos[dst * c:dst * c + n] = self.cos[src * c:src * c + n]
-        self.sin[dst * c:dst * c + n] = self.sin[src * c:src * c + n]
+        self.buffers.copy_slot(src, dst, n)
         self.lengths[dst], self.lengths[src] = n, 0
+
+    def snapshot(self, slot: int) -> KVSnapshot:
+        """Host copies of slot's cached tokens: per layer key and value [1, H_kv, P, hd]."""
+        n = int(self.lengths[slot])
+        return KVSnapshot(n, *self.buffers.read(slot, n))
+
+    def restore(self, slot: int, snap: KVSnapshot) -> None:
+        """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
+        check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        self.buffers.write(slot, snap.keys, snap.values)
+        self.lengths[slot] = snap.length
 
 
 def _positions(position_ids: np.ndarray) -> np.ndarray:
@@ -114,14 +119,17 @@ def _positions(position_ids: np.ndarray) -> np.ndarray:
 class OrtFormDecoderSession:
     """A coverpruner.engines.interfaces.DecoderLoop over an ORT-form decoder: one slot, cache in place.
 
-    session: the decoder's onnxruntime.InferenceSession (CPU); rotary: graphs.decoder.rotary of the manifest.
-    The cache is float32 (the ORT form is written for fp32 activations; int4 weights keep them).
+    session: the decoder's onnxruntime.InferenceSession; rotary: graphs.decoder.rotary of the manifest; device:
+    where the cache lives ('cpu', or 'cuda' for the CUDA provider: engines/kv_buffers.py). The cache has the
+    graph's float dtype (float32; float16 for an fp16 export, the form the CUDA provider runs).
     """
 
-    def __init__(self, session, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, rotary: dict):
-        self.session, self.rotary = session, dict(rotary)
+    def __init__(self, session, num_layers: int, num_kv_heads: int, head_dim: int, vocab_size: int, rotary: dict,
+                 device: str = "cpu"):
+        self.session, self.rotary, self.device = session, dict(rotary), device
         self.num_layers, self.h, self.hd, self.vocab_size = num_layers, num_kv_heads, head_dim, vocab_size
-        self.dtype = np.dtype(np.float32)
+        half = any(i.name == "inputs_embeds" and i.type == "tensor(float16)" for i in session.get_inputs())
+        self.dtype = np.dtype(np.float16 if half else np.float32)
         self.capacity = 0
         self._slots: KVSlots | None = None
 
@@ -132,7 +140,8 @@ class OrtFormDecoderSession:
     def reset(self, capacity: int) -> None:
         """Empty the cache; buffers are reallocated only when `capacity` exceeds the current one."""
         if capacity > self.capacity:
-            self._slots = KVSlots(self.session, 1, capacity, self.num_layers, self.h, self.hd, self.rotary)
+            self._slots = KVSlots(self.session, 1, capacity, self.num_layers, self.h, self.hd, self.rotary,
+                                  self.device)
             self.capacity = capacity
         self._slots.lengths[0] = 0
 
@@ -140,26 +149,19 @@ class OrtFormDecoderSession:
                 extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
         """Append S tokens: inputs_embeds [1, S, d], position_ids int64 [1, S] or [R, 1, S], decoder extras
         {name: [1, S, d]} (zeros for those not given) -> logits [V]."""
-        self._slots.write_rows(0, _positions(position_ids))
-        return self._slots.run(0, 1, inputs_embeds, extras)[0]
+        return self._slots.run(0, 1, inputs_embeds, [_positions(position_ids)], extras)[0]
 
     def snapshot(self) -> KVSnapshot:
         """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd]."""
-        n = self.length
-        keys = tuple(np.ascontiguousarray(pair[0][0:1, :, :n]) for pair in self._slots.kv) if n else \
-            tuple(np.zeros((1, self.h, 0, self.hd), np.float32) for _ in range(self.num_layers))
-        values = tuple(np.ascontiguousarray(pair[1][0:1, :, :n]) for pair in self._slots.kv) if n else keys
-        return KVSnapshot(n, keys, values)
+        if self._slots is None:
+            empty = tuple(np.zeros((1, self.h, 0, self.hd), self.dtype) for _ in range(self.num_layers))
+            return KVSnapshot(0, empty, empty)
+        return self._slots.snapshot(0)
 
     def restore(self, snapshot: KVSnapshot) -> None:
         """The cache holds exactly the snapshot's prefix; the next forward continues after it."""
         check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
-        n = snapshot.length
-        for i, pair in enumerate(self._slots.kv):
-            pair[0][0, :, :n] = snapshot.keys[i][0]
-            pair[1][0, :, :n] = snapshot.values[i][0]
-        # the prefix's rotary rows are not needed again: its keys are stored rotated
-        self._slots.lengths[0] = n
+        self._slots.restore(0, snapshot)
 
 
 class BatchDecoder:
@@ -171,15 +173,17 @@ class BatchDecoder:
     waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only its
     own cache; tests/engines/test_batch_decoder.py).
 
-    max_batch: slots; capacity: tokens per request (prompt + generated); the cache is float32
-    num_layers x 2 x [max_batch, H_kv, capacity, hd], allocated once.
+    max_batch: slots; capacity: tokens per request (prompt + generated); the cache is
+    num_layers x 2 x [max_batch, H_kv, capacity, hd] in the graph's float dtype, allocated once, on `device`
+    ('cpu', or 'cuda' for the CUDA provider with an fp16 ORT-form graph: nothing but the new rows and the logits
+    crosses PCIe per step).
     """
 
     def __init__(self, session, max_batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 rotary: dict):
+                 rotary: dict, device: str = "cpu"):
         if max_batch < 1 or capacity < 1:
             raise ValueError(f"max_batch and capacity must be >= 1, got {max_batch} and {capacity}")
-        self._slots = KVSlots(session, max_batch, capacity, num_layers, num_kv_heads, head_dim, rotary)
+        self._slots = KVSlots(session, max_batch, capacity, num_layers, num_kv_heads, head_dim, rotary, device)
         self.max_batch, self.capacity = max_batch, capacity
         self._order: list[int] = []  # handle of each active slot, slot i = self._order[i]
         self._next = 0
@@ -202,8 +206,7 @@ class BatchDecoder:
             raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
         slot = len(self._order)
         self._slots.lengths[slot] = 0
-        self._slots.write_rows(slot, positions)
-        logits = self._slots.run(slot, 1, inputs_embeds, extras)[0]
+        logits = self._slots.run(slot, 1, inputs_embeds, [positions], extras)[0]
         handle, self._next = self._next, self._next + 1
         self._order.append(handle)
         return handle, logits
@@ -235,32 +238,18 @@ class BatchDecoder:
             slot = len(self._order)
             self._slots.lengths[slot] = 0
             if prefix is not None:
-                self._restore(slot, prefix)
+                self._slots.restore(slot, prefix)
             if len(embeds):
-                self._slots.write_rows(slot, positions)
-                self._slots.run(slot, 1, np.asarray(embeds, np.float32)[None],
+                self._slots.run(slot, 1, np.asarray(embeds)[None], [positions],
                                 {k: v[None] for k, v in extras.items()} if extras else None)
             handles.append(self._next)
             self._order.append(self._next)
             self._next += 1
         return handles
 
-    def _restore(self, slot: int, snap: KVSnapshot) -> None:
-        """Slot ``slot`` holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
-        s = self._slots
-        check_snapshot(snap, s.num_layers, s.h, s.hd, np.dtype(np.float32), self.capacity)
-        for i, pair in enumerate(s.kv):
-            pair[0][slot, :, :snap.length] = snap.keys[i][0]
-            pair[1][slot, :, :snap.length] = snap.values[i][0]
-        s.lengths[slot] = snap.length
-
     def snapshot(self, handle: int) -> KVSnapshot:
         """Host copies of request ``handle``'s cached tokens: per layer key and value [1, H_kv, P, hd]."""
-        slot = self._order.index(handle)
-        n = int(self._slots.lengths[slot])
-        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, :n]) for pair in self._slots.kv)
-        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, :n]) for pair in self._slots.kv)
-        return KVSnapshot(n, keys, values)
+        return self._slots.snapshot(self._order.index(handle))
 
     def step(self, feeds: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
         """One token for every active request: {handle: (embedding float32 [d], position int64 [R][, decoder
@@ -270,8 +259,7 @@ class BatchDecoder:
             raise ValueError(f"step feeds requests {sorted(feeds)}; the batch holds {sorted(self._order)}")
         count = len(self._order)
         embeds = np.stack([feeds[h][0] for h in self._order])[:, None, :]
-        for slot, h in enumerate(self._order):
-            self._slots.write_rows(slot, np.asarray(feeds[h][1], dtype=np.int64).reshape(-1, 1))
+        positions = [np.asarray(feeds[h][1], dtype=np.int64).reshape(-1, 1) for h in self._order]
         # decoder extras of a row that has them (a request's last prompt row may be a visual row): a third item
         # {name: [d]}; the others' rows get zeros
         given = [(i, feeds[h][2]) for i, h in enumerate(self._order) if len(feeds[h]) > 2 and feeds[h][2]]
@@ -281,7 +269,7 @@ class BatchDecoder:
             for i, x in given:
                 for name, value in x.items():
                     extras[name][i, 0] = value
-        logits = self._slots.run(0, count, embeds, extras)
+        logits = self._slots.run(0, count, embeds, positions, extras)
         return {h: logits[i] for i, h in enumerate(self._order)}
 
     def leave(self, handle: int) -> None:

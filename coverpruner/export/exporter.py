@@ -28,9 +28,10 @@ from coverpruner.families import family_for_model_type
 from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
-#: --decoder-form: "ort" (ONNX Runtime contrib ops, in-place KV: the fast CPU form), "standard" (standard ops:
-#: TensorRT, CUDA), "auto" = "ort" for fp32 and "standard" for fp16 (the ORT form is written for fp32
-#: activations; its int4 comes from --quantize int4).
+#: --decoder-form: "ort" (ONNX Runtime contrib ops, in-place KV: the fast CPU form in fp32, and in fp16 the form
+#: ORT's CUDA provider batches with: its GroupQueryAttention kernel is fp16/bf16 only), "standard" (standard ops:
+#: TensorRT), "auto" = "ort" for fp32 and "standard" for fp16 (what TensorRT builds; ask for --decoder-form ort
+#: with --dtype fp16 for continuous batching on a GPU). The ORT form's int4 comes from --quantize int4.
 DECODER_FORMS = ("auto", "ort", "standard")
 
 
@@ -122,20 +123,17 @@ def decoder_form_for(opts: ExportOptions) -> str:
         raise OptionValueError(f"--decoder-form: expected one of {list(DECODER_FORMS)}, got {opts.decoder_form!r}")
     if opts.decoder_form == "auto":
         return "ort" if opts.dtype == "fp32" else "standard"
-    if opts.decoder_form == "ort" and opts.dtype != "fp32":
-        raise OptionValueError(f"--decoder-form ort is written for --dtype fp32 (int4 through --quantize int4), got "
-                          f"--dtype {opts.dtype}; use --decoder-form standard")
     return opts.decoder_form
 
 
-def _export_ort_decoder(family, model, config, output: Path) -> tuple[SavedGraph, dict]:
+def _export_ort_decoder(family, model, config, output: Path, dtype: str) -> tuple[SavedGraph, dict]:
     """decoder.onnx in ORT form from the family's decoder weights and extras -> (files, the entry's form and
     rotary)."""
     from coverpruner.export.ortform.decoder_graph import build_ort_decoder
 
     try:
         weights = family.decoder_weights(model)
-        path = build_ort_decoder(weights, output / "decoder.onnx", "fp32", extras=family.decoder_spec(config).extras)
+        path = build_ort_decoder(weights, output / "decoder.onnx", dtype, extras=family.decoder_spec(config).extras)
     except ValueError as exc:
         raise ExportError(f"--decoder-form ort: {exc}") from None
     data = path.with_name(data_file_name(path))
@@ -169,7 +167,7 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
         if g == "selector":
             saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
         elif g == "decoder" and decoder_form_for(opts) == "ort":
-            saved, extra = _export_ort_decoder(family, model, config, output)
+            saved, extra = _export_ort_decoder(family, model, config, output, opts.dtype)
         else:
             spec = specs.pop(g)
             saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,

@@ -38,6 +38,7 @@ import numpy as np
 
 from coverpruner.engine_dir import graph_spec, position_ids_input
 from coverpruner.engines.interfaces import KVSnapshot
+from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.errors import OptionError, PromptError
 from coverpruner.runtime.prefix_cache import TEXT_ROW
@@ -236,7 +237,8 @@ class Engine:
     def for_pipeline(cls, pipeline, max_batch: int = 1, capacity: int | None = None) -> "Engine":
         """max_batch 1 (and no capacity): the pipeline's own DecoderLoop, any decoder form. Otherwise a BatchDecoder
         of ``max_batch`` slots of ``capacity`` tokens (default the model's max positions; ORT-form decoder only,
-        other dirs refused in one line). Its KV cache is num_layers x 2 x [max_batch, H_kv, capacity, hd] float32."""
+        other dirs refused in one line). Its KV cache is num_layers x 2 x [max_batch, H_kv, capacity, hd] in the
+        decoder's float dtype, on the provider's device (host for 'cpu', GPU memory for 'cuda')."""
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, got {max_batch!r}")
         if max_batch == 1 and capacity is None:
@@ -249,7 +251,7 @@ class Engine:
         capacity = int(capacity or pipeline.max_positions)
         decoder = BatchDecoder(pipeline.sessions["decoder"], max_batch, capacity, int(d["num_layers"]),
                                int(d["num_kv_heads"]), int(d["head_dim"]),
-                               graph_spec(pipeline.manifest, "decoder").rotary)
+                               graph_spec(pipeline.manifest, "decoder").rotary, device_type(pipeline.provider))
         return cls(pipeline, BatchSlots(decoder), capacity)
 
     @property

@@ -101,6 +101,23 @@ class TextStream:
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
 
 
+def ort_form_problem(manifest: Manifest, provider: str, session_factory) -> None:
+    """OptionError (one line) when an ORT-form decoder cannot run on `provider`: it runs on ONNX Runtime's CPU
+    provider, and on its CUDA provider in fp16 only (GroupQueryAttention has fp16/bf16 CUDA kernels only; an fp32
+    node would run on the CPU with the whole KV cache copied over PCIe each step)."""
+    if manifest.decoder_form != "ort":
+        return
+    if session_factory is not None or provider not in ("cpu", "cuda"):
+        raise OptionError(f"{manifest.root}: the decoder is in ORT form (graphs.decoder.form 'ort'), which runs on "
+                          f"ONNX Runtime's providers 'cpu' and 'cuda' only; got provider {provider!r}"
+                          f"{' and a session factory' if session_factory is not None else ''} (re-export with "
+                          "--decoder-form standard for TensorRT)", param="provider")
+    if provider == "cuda" and manifest.precision != "fp16":
+        raise OptionError(f"{manifest.root}: provider 'cuda' runs the ORT-form decoder in fp16 only (ONNX Runtime's "
+                          f"CUDA GroupQueryAttention has no {manifest.precision} kernel); re-export with --dtype fp16 "
+                          "--decoder-form ort", param="provider")
+
+
 class Pipeline:
     """Loaded engine dir: sessions for vision, embed, probe and decoder, tokenizer and settings.
 
@@ -151,7 +168,7 @@ class Pipeline:
         try:
             if self.decoder_form == "ort":
                 self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,
-                                                     graph_spec(manifest, "decoder").rotary)
+                                                     graph_spec(manifest, "decoder").rotary, device_type(provider))
             elif own_loop is not None:
                 self.decoder = own_loop(*dims, self.float_dtype)
             else:
@@ -197,11 +214,7 @@ class Pipeline:
         # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
         # while the sessions load and the first request runs; answers wait for it (see _verified)
         integrity = verify_files(manifest, background=True) if verify else None
-        if manifest.decoder_form == "ort" and (provider != "cpu" or session_factory is not None):
-            raise OptionError(f"{manifest.root}: the decoder is in ORT form (graphs.decoder.form 'ort'), which runs "
-                              f"on provider 'cpu' with ONNX Runtime only; got provider {provider!r}"
-                              f"{' and a session factory' if session_factory is not None else ''} (re-export with "
-                              "--decoder-form standard for CUDA / TensorRT)")
+        ort_form_problem(manifest, provider, session_factory)
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"

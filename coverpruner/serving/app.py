@@ -105,7 +105,8 @@ class ServerConfig:
         return self.model_name or Path(self.engine_dir).resolve().name
 
 
-#: --max-batch when none is given and the dir can batch (ORT-form decoder, CPU): decode is memory-bound, so up to
+#: --max-batch when none is given and the dir can batch (ORT-form decoder: provider cpu, or cuda for an fp16 export):
+#: decode is memory-bound, so up to
 #: 8 requests share each read of the weights (benchmarks/bench_serve.py)
 DEFAULT_MAX_BATCH = 8
 
@@ -118,8 +119,9 @@ def resolve_max_batch(config: ServerConfig, pipeline) -> int:
         return DEFAULT_MAX_BATCH if pipeline.decoder_form == "ort" else 1
     if config.max_batch > 1 and pipeline.decoder_form != "ort":
         raise OptionError(f"--max-batch {config.max_batch}: batched decoding needs the ORT-form decoder (provider "
-                          f"cpu); {config.engine_dir} has the {pipeline.decoder_form!r} form (its TensorRT / CUDA "
-                          "engines decode one request per worker: use --max-batch 1 and --workers N)")
+                          f"cpu, or cuda with --dtype fp16 --decoder-form ort); {config.engine_dir} has the "
+                          f"{pipeline.decoder_form!r} form (its TensorRT / CUDA engines decode one request per "
+                          "worker: use --max-batch 1 and --workers N)")
     return config.max_batch
 
 

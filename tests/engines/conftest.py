@@ -67,3 +67,20 @@ def native_libs(tmp_path_factory):
         archs = native_build.native_architecture(detect_compute_capability()) or archs
     build_dir = tmp_path_factory.mktemp("csrc_build")
     return native_build.build_native(build_dir, cuda_architectures=archs)
+
+
+@pytest.fixture(scope="session")
+def ort_fp16_export(builds, tmp_path_factory):
+    """The tiny preset exported in fp16 with the ORT-form decoder (--dtype fp16 --decoder-form ort: the form ORT's
+    CUDA provider batches with); no selector graph (the numpy selector runs), as tests/runtime/test_fp16.py."""
+    pytest.importorskip("torch")
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    def make():
+        out = tmp_path_factory.mktemp("tiny_fp16_ort")
+        export_model(builds.checkpoint("tiny"), out, "tiny",
+                     ExportOptions(dtype="fp16", decoder_form="ort", graphs=("vision", "embed", "probe", "decoder"),
+                                   progress=False))
+        return out
+
+    return builds.memo(("tiny", "fp16", "ort"), make)

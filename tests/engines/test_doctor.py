@@ -63,11 +63,11 @@ def test_kernel_equals_reference_on_this_gpu(doctor_libs):
 
 @pytest.mark.gpu
 @requires_gpu
-def test_ort_cuda_answers_the_cpu_tokens(builds):
-    engine = builds.export("tiny")
-    cpu = doctor._answers(engine, "cpu", threads=2)
+@pytest.mark.parametrize("form", ["standard", "fp16-ort"])
+def test_ort_cuda_answers_the_cpu_tokens(builds, request, form):
+    engine = builds.export("tiny") if form == "standard" else request.getfixturevalue("ort_fp16_export")
     try:
-        doctor.check_ort_cuda(engine, cpu)
+        doctor.check_ort_cuda(engine)
     except doctor.Skip as exc:
         pytest.skip(str(exc))
 

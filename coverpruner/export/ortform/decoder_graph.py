@@ -1,16 +1,17 @@
 """Write the text decoder as one ORT-form ONNX graph (graphs.decoder.form "ort", docs/engine-dir.md).
 
-The weights come from the family adapter (contract.Family.decoder_weights), as float32 arrays.
+The weights come from the family adapter (contract.Family.decoder_weights), as float arrays.
 
-Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab):
-  inputs   inputs_embeds [B, S, hidden] f32, seqlens_k [B] i32 (tokens in cache after the call - 1),
+Graph (B batch, S new tokens, C cache capacity, R rotary rows, kvH kv heads, D head_dim, V vocab; F the float
+type: f32, or f16 for precision "fp16"):
+  inputs   inputs_embeds [B, S, hidden] F, seqlens_k [B] i32 (tokens in cache after the call - 1),
            total_sequence_length [] i32 (max over the batch of seqlens_k + 1),
-           rotary_cos / rotary_sin [R, D/2] f32 (rows of this call's tokens, see engines/rotary.py),
-           rotary_row [B, S] i64 (row of each token's rotation in rotary_cos; GQA reads [b, 0] + s),
-           past_key_values.N.key/value [B, kvH, C, D] f32 (shared with present: in-place update),
-           then one [B, S, hidden] f32 input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
+           rotary_cos / rotary_sin [R, D/2] F (rows of this call's tokens, see engines/ort_form_decoder.py),
+           rotary_row [B, S] i64 (row of each token's rotation in rotary_cos),
+           past_key_values.N.key/value [B, kvH, C, D] F (shared with present: in-place update),
+           then one [B, S, hidden] F input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
            has none, so decode steps feed zeros)
-  outputs  logits [B, 1, V] f32 (last position only), present.N.key/value [B, kvH, C, D]
+  outputs  logits [B, 1, V] F (last position only), present.N.key/value [B, kvH, C, D]
 Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
 GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
@@ -29,6 +30,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
+#: "fp32": float32 throughout; "fp16": float16 weights, activations, rotary tables, KV cache and logits (the form
+#: ONNX Runtime's CUDA provider has a GroupQueryAttention kernel for; as onnxruntime-genai's CUDA models, the
+#: kernels keep their reductions in float32: GQA's softmax, the norms' mean square); "int4": MatMulNBits weights
+#: over float32 activations (CPU).
+PRECISIONS = ("fp32", "fp16", "int4")
 
 
 class _ExternalData:
@@ -84,8 +90,10 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
     ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
     """
-    if precision not in ("fp32", "int4"):
-        raise ValueError(f"precision must be fp32 or int4, got {precision!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    # activations, KV cache, rotary tables and float weights in one dtype (int4 keeps float32 activations)
+    fdt = np.dtype(np.float16 if precision == "fp16" else np.float32)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     H = weights.norm.shape[0]
@@ -96,6 +104,8 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     nodes: list[onnx.NodeProto] = []
 
     def init(name: str, array: np.ndarray) -> str:
+        if array.dtype.kind == "f":  # weights, norms, biases (and int4's MatMulNBits scales: float32)
+            array = array.astype(fdt, copy=False)
         inits.append(data.tensor(name, array))
         return name
 
@@ -105,7 +115,7 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
 
     def matmul(x: str, weight: np.ndarray, name: str, out: str) -> str:
         """x [..., K] @ weight.T, weight [N, K] (HF Linear layout)."""
-        if precision == "fp32":
+        if precision != "int4":
             return node("MatMul", [x, init(f"{name}.weight_t", weight.T)], [out])[0]
         packed, scales = quantize_4bit(weight.T, block_size)
         n, k = weight.shape
@@ -184,22 +194,23 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
     r_last = node("Gather", [residual, last], ["last/residual"], axis=1)[0]
     normed = node("SkipSimplifiedLayerNormalization", [x_last, r_last, init("norm", weights.norm)],
                   ["final/norm"], domain="com.microsoft", epsilon=eps)[0]
-    matmul(normed, weights.lm_head, "lm_head", "logits")
+    matmul(normed, weights.lm_head, "lm_head", "logits")  # fp16 logits: widening them on the host is exact
 
-    f32, i32, i64 = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64
+    i32, i64 = TensorProto.INT32, TensorProto.INT64
+    ft = helper.np_dtype_to_tensor_dtype(fdt)
     kv_shape = ["batch", kvh, "capacity", D]
-    inputs = [helper.make_tensor_value_info("inputs_embeds", f32, ["batch", "sequence", H]),
+    inputs = [helper.make_tensor_value_info("inputs_embeds", ft, ["batch", "sequence", H]),
               helper.make_tensor_value_info("seqlens_k", i32, ["batch"]),
               helper.make_tensor_value_info("total_sequence_length", i32, []),
-              helper.make_tensor_value_info("rotary_cos", f32, ["rotary_rows", D // 2]),
-              helper.make_tensor_value_info("rotary_sin", f32, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_cos", ft, ["rotary_rows", D // 2]),
+              helper.make_tensor_value_info("rotary_sin", ft, ["rotary_rows", D // 2]),
               helper.make_tensor_value_info("rotary_row", i64, ["batch", "sequence"])]
-    outputs = [helper.make_tensor_value_info("logits", f32, ["batch", 1, c["vocab"]])]
+    outputs = [helper.make_tensor_value_info("logits", ft, ["batch", 1, c["vocab"]])]
     for i in range(c["layers"]):
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32, kv_shape))
-            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32, kv_shape))
-    inputs += [helper.make_tensor_value_info(e.name, f32, ["batch", "sequence", H]) for e in extras]
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft, kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft, kv_shape))
+    inputs += [helper.make_tensor_value_info(e.name, ft, ["batch", "sequence", H]) for e in extras]
     graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
     data.file.close()

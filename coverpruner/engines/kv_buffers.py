@@ -1,0 +1,157 @@
+"""Where the ORT-form decoder's KV slots and rotary rows live: host memory (CPU provider) or CUDA device memory
+(CUDA provider), behind one small interface that engines/ort_form_decoder.KVSlots drives.
+
+Both hold, per layer, a key and a value buffer [B, H_kv, C, hd] in the graph's float dtype (float32 or float16)
+and one cos / sin table of R = max(C, B) rows [R, hd/2]: a call's rows are written at its start (row b*S + s for
+entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length rows, and a
+call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each).
+
+Slot b of a buffer is the contiguous [H_kv, C, hd] block at offset b*H_kv*C*hd, so slots first..first+count-1 are
+one [count, H_kv, C, hd] tensor: bound as both past and present (GroupQueryAttention's
+past_present_share_buffer: the kernel appends the new rows in place; ORT's CUDA kernel detects the sharing by
+the two pointers being equal). A slot's first n tokens are H_kv runs of n*hd values C*hd apart, which the CUDA
+side copies with one cudaMemcpy2D per layer and kind.
+
+``CudaKV`` keeps everything on the device (engines/cudart.py, no torch): per call only the new rows' rotary
+values go host -> device; snapshot / restore / slot moves copy just the cached prefix. Its copies run on its
+own stream and are waited for before ORT runs (ORT's Run synchronises its own stream before returning).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+
+class HostKV:
+    """KV slots and rotary table in numpy arrays (the CPU provider reads and writes them in place)."""
+
+    device = "cpu"
+
+    def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: np.dtype):
+        self.batch, self.capacity, self.h, self.hd, self.dtype = batch, capacity, num_kv_heads, head_dim, dtype
+        shape = (batch, num_kv_heads, capacity, head_dim)
+        #: [layer][key/value] -> [B, H_kv, C, hd]
+        self.kv = [[np.zeros(shape, dtype) for _ in range(2)] for _ in range(num_layers)]
+        self.rows = max(capacity, batch)
+        self.cos = np.zeros((self.rows, head_dim // 2), dtype)
+        self.sin = np.zeros_like(self.cos)
+
+    def bind_kv(self, binding, first: int, count: int, names) -> None:
+        """Bind slots first..first+count-1 of every layer as past and present (names: [(past, present)] in
+        layer-major key/value order)."""
+        for (past, present), buf in zip(names, (b for pair in self.kv for b in pair)):
+            value = ort.OrtValue.ortvalue_from_numpy(buf[first:first + count])  # a view: written in place
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
+        """Write this call's rows (cos, sin [n, hd/2]) at the table's start and bind the table."""
+        n = len(cos)
+        self.cos[:n], self.sin[:n] = cos, sin
+        binding.bind_cpu_input("rotary_cos", self.cos)
+        binding.bind_cpu_input("rotary_sin", self.sin)
+
+    def copy_slot(self, src: int, dst: int, n: int) -> None:
+        for pair in self.kv:
+            for a in pair:
+                a[dst, :, :n] = a[src, :, :n]
+
+    def read(self, slot: int, n: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Copies of slot's first n tokens: (keys, values), per layer [1, H_kv, n, hd]."""
+        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, :n]) for pair in self.kv)
+        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, :n]) for pair in self.kv)
+        return keys, values
+
+    def write(self, slot: int, keys, values) -> None:
+        """Slot's first n tokens from per-layer [1, H_kv, n, hd] arrays."""
+        for pair, k, v in zip(self.kv, keys, values):
+            n = k.shape[2]
+            pair[0][slot, :, :n] = k[0]
+            pair[1][slot, :, :n] = v[0]
+
+
+class CudaKV:
+    """KV slots and rotary table in CUDA device memory (device 0, the CUDA provider's default), bound by address.
+
+    Allocation: num_layers x 2 x B*H_kv*C*hd elements plus two [R, hd/2] tables, zeroed once (attention kernels
+    may load past a slot's length; zeros keep those loads finite)."""
+
+    device = "cuda"
+
+    def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
+                 dtype: np.dtype):
+        from coverpruner.engines import cudart  # libcudart through ctypes, only where a GPU runs
+
+        self._cudart = cudart
+        self.batch, self.capacity, self.h, self.hd, self.dtype = batch, capacity, num_kv_heads, head_dim, dtype
+        self.item = np.dtype(dtype).itemsize
+        self.slot_elems = num_kv_heads * capacity * head_dim
+        self.stream = cudart.Stream()
+        self.kv = [[cudart.DeviceBuffer(batch * self.slot_elems * self.item) for _ in range(2)]
+                   for _ in range(num_layers)]
+        self.rows = max(capacity, batch)
+        self.cos = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
+        self.sin = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
+        for buf in (*(b for pair in self.kv for b in pair), self.cos, self.sin):
+            buf.zero(self.stream)
+        self.stream.synchronize()
+
+    def _slot_ptr(self, buf, slot: int) -> int:
+        return buf.ptr + slot * self.slot_elems * self.item
+
+    def bind_kv(self, binding, first: int, count: int, names) -> None:
+        shape = [count, self.h, self.capacity, self.hd]
+        for (past, present), buf in zip(names, (b for pair in self.kv for b in pair)):
+            ptr = self._slot_ptr(buf, first)
+            binding.bind_input(past, "cuda", 0, self.dtype, shape, ptr)
+            binding.bind_output(present, "cuda", 0, self.dtype, shape, ptr)  # same address: in-place update
+
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
+        shape = [self.rows, self.hd // 2]
+        for name, buf, rows in (("rotary_cos", self.cos, cos), ("rotary_sin", self.sin, sin)):
+            buf.upload(np.ascontiguousarray(rows, self.dtype), self.stream)  # only this call's rows
+            binding.bind_input(name, "cuda", 0, self.dtype, shape, buf.ptr)
+        self.stream.synchronize()
+
+    def _copy(self, dst: int, dst_pitch: int, src: int, src_pitch: int, n: int, kind: str) -> None:
+        """H_kv runs of n tokens (n*hd values each)."""
+        self._cudart.copy_2d(dst, dst_pitch, src, src_pitch, n * self.hd * self.item, self.h, kind, self.stream)
+
+    def copy_slot(self, src: int, dst: int, n: int) -> None:
+        pitch = self.capacity * self.hd * self.item
+        for pair in self.kv:
+            for buf in pair:
+                self._copy(self._slot_ptr(buf, dst), pitch, self._slot_ptr(buf, src), pitch, n, "d2d")
+        self.stream.synchronize()
+
+    def read(self, slot: int, n: int):
+        pitch = self.capacity * self.hd * self.item
+        out = ([], [])
+        for pair in self.kv:
+            for j, buf in enumerate(pair):
+                host = np.empty((1, self.h, n, self.hd), self.dtype)
+                self._copy(host.ctypes.data, n * self.hd * self.item, self._slot_ptr(buf, slot), pitch, n, "d2h")
+                out[j].append(host)
+        self.stream.synchronize()
+        return tuple(out[0]), tuple(out[1])
+
+    def write(self, slot: int, keys, values) -> None:
+        pitch = self.capacity * self.hd * self.item
+        hosts = []  # kept alive until the stream is done with them
+        for pair, k, v in zip(self.kv, keys, values):
+            for buf, a in zip(pair, (k, v)):
+                a = np.ascontiguousarray(a, self.dtype)
+                hosts.append(a)
+                n = a.shape[2]
+                self._copy(self._slot_ptr(buf, slot), pitch, a.ctypes.data, n * self.hd * self.item, n, "h2d")
+        self.stream.synchronize()
+
+
+def kv_buffers(device: str, *args) -> HostKV | CudaKV:
+    """HostKV for device 'cpu', CudaKV for 'cuda' (args: batch, capacity, num_layers, num_kv_heads, head_dim,
+    dtype)."""
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"KV device must be 'cpu' or 'cuda', got {device!r}")
+    return HostKV(*args) if device == "cpu" else CudaKV(*args)
