@@ -17,6 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -267,8 +268,9 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     from coverpruner.serving.endpoints import add_endpoints  # /v1/completions, /v1/responses
 
-    add_endpoints(app, state, serve, lambda request: _read_json(request, state.max_body_bytes,
-                                                                config.body_timeout_s))
+    add_endpoints(app, state, serve, lambda request: _read_json(request, state.max_body_bytes, config.body_timeout_s),
+                  SimpleNamespace(collect=collect, answers=answers, usage=_usage, finish_reason=finish_reason,
+                                  coverpruner=_coverpruner, validate_chat=validate_chat))
     return app
 
 

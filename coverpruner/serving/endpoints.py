@@ -104,21 +104,21 @@ def _legacy_usage(usage) -> dict:
             "total_tokens": usage.total_tokens, "prompt_tokens_details": usage.prompt_tokens_details}
 
 
-def completion_render(app_module, offset: int = 0):
+def completion_render(chat, offset: int = 0):
     """(complete, stream) of /v1/completions over the chat path's collect / answers (serving.app)."""
 
     async def complete(state, job, gen, event, meta):
-        got = await app_module.collect(state, job, gen, event)
+        got = await chat.collect(state, job, gen, event)
         if got is None:
             return Response(status_code=499)
         lp = gen.top_logprobs is not None
-        usage = app_module._usage([c.end.result for c in got])
+        usage = chat.usage([c.end.result for c in got])
         return JSONResponse({
             "id": meta.id.replace("chatcmpl-", "cmpl-"), "object": "text_completion", "created": meta.created,
             "model": meta.model,
-            "choices": [{"index": offset + c.index, "text": c.text, "finish_reason": app_module.finish_reason(c.end),
+            "choices": [{"index": offset + c.index, "text": c.text, "finish_reason": chat.finish_reason(c.end),
                          "logprobs": legacy_logprobs(c.logprobs, state.token_text) if lp else None} for c in got],
-            "usage": _legacy_usage(usage), "coverpruner": app_module._coverpruner(got[0].end.result)})
+            "usage": _legacy_usage(usage), "coverpruner": chat.coverpruner(got[0].end.result)})
 
     async def stream(state, job, gen, event, meta, timer=None):
         cid = meta.id.replace("chatcmpl-", "cmpl-")
@@ -131,7 +131,7 @@ def completion_render(app_module, offset: int = 0):
                                                                             "logprobs": logprobs}], **extra}) + "\n\n"
 
         try:
-            async for item in app_module.answers(state, job, gen, event):
+            async for item in chat.answers(state, job, gen, event):
                 if item is None:
                     break
                 if isinstance(item, APIError):
@@ -145,10 +145,10 @@ def completion_render(app_module, offset: int = 0):
                     yield chunk(item.index, item.text, logprobs=lp)
                 else:
                     results.append(item.result)
-                    yield chunk(item.index, "", app_module.finish_reason(item),
-                                coverpruner=app_module._coverpruner(item.result))
+                    yield chunk(item.index, "", chat.finish_reason(item),
+                                coverpruner=chat.coverpruner(item.result))
             if len(results) == gen.n and gen.include_usage:
-                usage = _legacy_usage(app_module._usage(results))
+                usage = _legacy_usage(chat.usage(results))
                 yield "data: " + json.dumps({"id": cid, "object": "text_completion", "created": meta.created,
                                              "model": meta.model, "choices": [], "usage": usage}) + "\n\n"
             yield "data: [DONE]\n\n"
@@ -160,15 +160,15 @@ def completion_render(app_module, offset: int = 0):
     return complete, stream
 
 
-async def completions(request: Request, body: dict, serve, app_module):
+async def completions(request: Request, body: dict, serve, chat):
     """POST /v1/completions: one serve() per prompt (concurrently), merged into one answer."""
     bodies = completion_bodies(body)
     arrived = time.monotonic()
-    reqs = [app_module.validate_chat(b) for b in bodies]
+    reqs = [chat.validate_chat(b) for b in bodies]
     n = reqs[0].n or 1
     if len(reqs) == 1:
-        return await serve(request, reqs[0], arrived, completion_render(app_module))
-    answers = await asyncio.gather(*(serve(request, r, arrived, completion_render(app_module, i * n))
+        return await serve(request, reqs[0], arrived, completion_render(chat))
+    answers = await asyncio.gather(*(serve(request, r, arrived, completion_render(chat, i * n))
                                      for i, r in enumerate(reqs)))
     if any(a.status_code != 200 for a in answers):  # a client that went away
         return next(a for a in answers if a.status_code != 200)
@@ -242,7 +242,7 @@ def response_body(body: dict) -> dict:
     return {**body, "messages": messages}
 
 
-def _response_object(meta, rid: str, mid: str, status: str, text: str | None, result=None, app_module=None,
+def _response_object(meta, rid: str, mid: str, status: str, text: str | None, result=None, chat=None,
                      request: dict | None = None) -> dict:
     out = {"id": rid, "object": "response", "created_at": meta.created, "status": status, "model": meta.model,
            "error": None, "incomplete_details": None, "output": [], "parallel_tool_calls": False,
@@ -254,28 +254,28 @@ def _response_object(meta, rid: str, mid: str, status: str, text: str | None, re
     if result is not None:
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
-        usage = app_module._usage([result])
+        usage = chat.usage([result])
         out["usage"] = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
                         "total_tokens": usage.total_tokens,
                         "input_tokens_details": {"cached_tokens": int(result.cached_tokens)},
                         "output_tokens_details": {"reasoning_tokens": 0}}
-        out["coverpruner"] = app_module._coverpruner(result)
+        out["coverpruner"] = chat.coverpruner(result)
     return out
 
 
-def response_render(app_module, echo: dict):
+def response_render(chat, echo: dict):
     """(complete, stream) of /v1/responses; echo: request settings the response object repeats."""
 
     def status(end: End) -> str:
-        return "incomplete" if app_module.finish_reason(end) == "length" else "completed"
+        return "incomplete" if chat.finish_reason(end) == "length" else "completed"
 
     async def complete(state, job, gen, event, meta):
-        got = await app_module.collect(state, job, gen, event)
+        got = await chat.collect(state, job, gen, event)
         if got is None:
             return Response(status_code=499)
         (c,) = got
         rid, mid = meta.id.replace("chatcmpl-", "resp_"), f"msg_{uuid.uuid4().hex}"
-        return JSONResponse(_response_object(meta, rid, mid, status(c.end), c.text, c.end.result, app_module, echo))
+        return JSONResponse(_response_object(meta, rid, mid, status(c.end), c.text, c.end.result, chat, echo))
 
     async def stream(state, job, gen, event, meta, timer=None):
         rid, mid = meta.id.replace("chatcmpl-", "resp_"), f"msg_{uuid.uuid4().hex}"
@@ -294,7 +294,7 @@ def response_render(app_module, echo: dict):
                      item={"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
             yield ev("response.content_part.added", **where,
                      part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-            async for item in app_module.answers(state, job, gen, event):
+            async for item in chat.answers(state, job, gen, event):
                 if item is None:
                     break
                 if isinstance(item, APIError):
@@ -313,7 +313,7 @@ def response_render(app_module, echo: dict):
                 yield ev("response.output_item.done", output_index=0,
                          item={"type": "message", "id": mid, "status": "completed", "role": "assistant",
                                "content": [part]})
-                done = _response_object(meta, rid, mid, status(item), full, item.result, app_module, echo)
+                done = _response_object(meta, rid, mid, status(item), full, item.result, chat, echo)
                 yield ev("response.completed" if done["status"] == "completed" else "response.incomplete",
                          response=done)
         finally:
@@ -324,23 +324,23 @@ def response_render(app_module, echo: dict):
     return complete, stream
 
 
-async def responses(request: Request, body: dict, serve, app_module):
+async def responses(request: Request, body: dict, serve, chat):
     """POST /v1/responses."""
     arrived = time.monotonic()
     echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "temperature", "top_p")}
-    req = app_module.validate_chat(response_body(body))
-    return await serve(request, req, arrived, response_render(app_module, echo))
+    req = chat.validate_chat(response_body(body))
+    return await serve(request, req, arrived, response_render(chat, echo))
 
 
-def add_endpoints(app, state, serve, read_json) -> None:
+def add_endpoints(app, state, serve, read_json, chat) -> None:
     """Register /v1/completions and /v1/responses on ``app``; serve: the chat path (serving.app.create_app's),
-    read_json: the body reader with the server's limits."""
-    from coverpruner.serving import app as app_module
+    read_json: the body reader with the server's limits; chat: the chat path's helpers (collect, answers,
+    usage, finish_reason, coverpruner, validate_chat), handed in by serving.app (no import back into it)."""
 
     @app.post("/v1/completions")
     async def _completions(request: Request):
-        return await completions(request, await read_json(request), serve, app_module)
+        return await completions(request, await read_json(request), serve, chat)
 
     @app.post("/v1/responses")
     async def _responses(request: Request):
-        return await responses(request, await read_json(request), serve, app_module)
+        return await responses(request, await read_json(request), serve, chat)
