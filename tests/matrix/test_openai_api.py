@@ -31,8 +31,15 @@ TOL = 1e-4
 OPTS = {"budget": 8, "ignore_eos": True}
 
 
+@pytest.fixture(scope="module")
+def demo_png() -> bytes:
+    from importlib.resources import files
+
+    return (files("coverpruner") / "assets" / "demo.png").read_bytes()
+
+
 @pytest.fixture
-def served(family, demo_png):
+def served(family):
     from coverpruner.serving import ServerConfig
 
     config = ServerConfig(str(family.export), workers=1, threads=1, model_name="tiny", batch_context=512)
