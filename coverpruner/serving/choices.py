@@ -6,9 +6,9 @@ into per-choice deltas, cut at the request's stop strings (one StopMatcher per c
 helpers give OpenAI's two logprob shapes: chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}`` and the
 legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``.
 
-A token's string is the tokenizer's decoding of that id alone; where it is an incomplete UTF-8 character (a
-byte-level token) it is written ``bytes:\\xNN..`` as OpenAI does and ``bytes`` holds the raw bytes (byte-level BPE
-vocabularies: the GPT-2 byte <-> character table; elsewhere the string's own UTF-8).
+A token's ``bytes`` are its own bytes (TokenText: byte-level BPE's character <-> byte table, Metaspace's word-start
+mark as a space) and its string their UTF-8 decoding; a token that holds part of a character is written
+``bytes:\\xNN..`` as OpenAI does.
 """
 
 from __future__ import annotations
@@ -102,29 +102,39 @@ def _byte_chars() -> dict[str, int]:
 
 
 class TokenText:
-    """token id -> (string, bytes as a list of ints) for logprob entries (module docstring)."""
+    """token id -> (string, bytes as a list of ints) for logprob entries (module docstring). The bytes are the
+    token's own: byte-level BPE vocabularies map each character back to its byte; Metaspace (sentencepiece-style)
+    vocabularies write a space for the word-start mark and ``<0xNN>`` byte-fallback tokens are that byte; other
+    tokenizers give the UTF-8 of the id decoded alone. So an answer's token bytes joined are its text (up to the
+    space a Metaspace decoder drops before the first word)."""
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        decoder = tokenizer.to_str() if hasattr(tokenizer, "to_str") else ""
-        self._byte_level = '"ByteLevel"' in decoder
+        spec = tokenizer.to_str() if hasattr(tokenizer, "to_str") else ""
+        self._byte_level = '"ByteLevel"' in spec
+        self._metaspace = '"Metaspace"' in spec
         self._chars = _byte_chars()
         self.of = lru_cache(maxsize=65536)(self._of)
 
+    def _raw(self, tid: int) -> bytes:
+        piece = self.tokenizer.id_to_token(int(tid)) or ""
+        if self._byte_level and piece and all(c in self._chars for c in piece):
+            return bytes(self._chars[c] for c in piece)
+        if self._metaspace and piece:
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                try:
+                    return bytes([int(piece[3:5], 16)])
+                except ValueError:
+                    pass
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([int(tid)], skip_special_tokens=False).encode("utf-8")
+
     def _of(self, tid: int) -> tuple[str, list[int]]:
-        text = self.tokenizer.decode([int(tid)], skip_special_tokens=False)
-        raw = None
-        if self._byte_level:
-            piece = self.tokenizer.id_to_token(int(tid)) or ""
-            if all(c in self._chars for c in piece):
-                raw = bytes(self._chars[c] for c in piece)
-        if raw is None:
-            raw = text.encode("utf-8")
-        if "\ufffd" in text:  # part of a character: OpenAI writes the bytes
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        raw = self._raw(tid)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: OpenAI writes the bytes
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text, list(raw)
 
 
