@@ -311,7 +311,7 @@ class Engine:
                 self.slots.leave(seq.handle)
             if running:
                 raise
-            return events + [EngineEvent(s.rid, error=exc) for s in admitted]
+            return events + [EngineEvent(s.rid, error=exc) for s in admitted if s.index == 0]  # one per request
         dt = time.perf_counter() - t
         events += [self._after_token(s, logits[s.handle]) for s in running]
         for seq in admitted:
