@@ -48,7 +48,8 @@ def _separate(client, image_url: str, n: int, new_tokens: int) -> tuple[float, l
 
 def measure(client, image_url: str, n: int, rounds: int, new_tokens: int, label: str) -> dict:
     """Rounds alternating fork / separate -> medians, ratio, and whether every answer equals the first."""
-    _separate(client, image_url, 1, 2)  # warm-up: sessions, allocator
+    # warm-up (sessions, allocator), text only: an image pass would cost as much as a measured side here
+    client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "Hi."}], max_tokens=2)
     rows, answers = {"fork": [], "separate": []}, []
     for r in range(rounds):
         for side in (("fork", "separate") if r % 2 == 0 else ("separate", "fork")):
