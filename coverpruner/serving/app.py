@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app: POST /v1/chat/completions, GET /v1/models, /health, /metrics.
+"""The OpenAI-compatible FastAPI app: POST /v1/chat/completions (and, through the same path, serving.endpoints'
+/v1/completions and /v1/responses), GET /v1/models, /health, /metrics.
 
 ``create_app(config)`` loads ``config.workers`` pipelines and returns the app; the same app runs under
 uvicorn (``coverpruner-serve``) and inside each Ray Serve replica (``serving.ray_app``). Answers equal
