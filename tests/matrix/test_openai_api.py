@@ -109,7 +109,8 @@ def test_openai_api_every_family(family_case, served, demo_png):
     assert family.pipe.encoder.decode([t for t, _, _ in want]) == content and len(got) == len(want)
     specials = {t.content for t in family.pipe.encoder.tokenizer.get_added_tokens_decoder().values() if t.special}
     said = bytes(b for e in got if e.token not in specials for b in e.bytes)  # the text skips special tokens
-    assert said.decode("utf-8").strip() == content.strip(), ([e.token for e in got], content)
+    # an answer cut inside a character ends in U+FFFD in the text: the bytes decode the same way
+    assert said.decode("utf-8", "replace").strip() == content.strip(), ([e.token for e in got], content)
     for entry, (_, lp, top) in zip(got, want):
         assert abs(entry.logprob - lp) <= TOL
         assert len(entry.top_logprobs) == 5
