@@ -11,10 +11,11 @@ openai client from C threads (C = concurrency) over loopback.
     python benchmarks/bench_serve.py --quick     # tiny engine only
     python benchmarks/bench_serve.py --streams 1,2,4,8 --new-tokens 128   # batched decode (serve_streams.py)
     python benchmarks/bench_serve.py --loop --new-tokens 128              # engine loop: 8 at once, turn-2 TTFT
+    python benchmarks/bench_serve.py --fork 4 --new-tokens 16             # n=4 vs 4 separate requests (serve_fork.py)
 
 The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
 Writes benchmarks/results/serve_<tag>.json and .png (--streams: serve_streams_<tag>.json and .png; --loop:
-serve_loop_<tag>.json and .png).
+serve_loop_<tag>.json and .png; --fork: serve_fork_<tag>.json and .png).
 """
 
 from __future__ import annotations
@@ -225,8 +226,15 @@ def main(argv=None) -> int:
     loop = p.add_argument_group("the engine loop (--loop): 8 requests at once vs one, and turn-2 TTFT with the prefix "
                                 "cache vs without, through one batched server (benchmarks/serve_loop.py)")
     loop.add_argument("--loop", action="store_true", help="run only this measurement")
+    fork = p.add_argument_group("n answers (--fork N): one request with n=N vs N separate requests, time to complete "
+                                "(benchmarks/serve_fork.py)")
+    fork.add_argument("--fork", type=int, default=None, metavar="N", help="run only this measurement, with n=N")
+    fork.add_argument("--fork-engine", choices=("7b", "tiny"), default="7b",
+                      help="LLaVA-1.5-7B-width fp32 engine (2 layers) or the tiny demo engine")
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.fork is not None:
+        return main_fork(args, argv)
     if args.loop:
         return main_loop(args, argv)
     if args.streams:
@@ -357,6 +365,57 @@ def main_loop(args, argv) -> int:
     print(f"8 at once: {data['throughput']['x_one_request']:.2f}x one request; turn-2 TTFT cache on "
           f"{on['median_ttft_s']:.2f} s vs off {off['median_ttft_s']:.2f} s = {data['ttft']['x_cache']:.2f}x; "
           f"answers equal: {data['ttft']['answers_equal']}; load {data['load_average_1min']}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def main_fork(args, argv) -> int:
+    """--fork N: benchmarks/serve_fork.py through a batched server, prefix cache off and on."""
+    import onnxruntime
+
+    import serve_fork
+
+    if not 2 <= args.fork <= 8:
+        raise SystemExit(f"--fork: n between 2 and 8 (the worker's batch), got {args.fork}")
+    if args.fork_engine == "tiny":
+        from coverpruner.demo import prepare as prepare_tiny
+
+        engine, name = prepare_tiny(args.workdir), "tiny demo engine"
+    else:
+        from bench_pipeline import prepare as prepare_real
+
+        engine, name = prepare_real(args.workdir, 2, "fp32"), "LLaVA-1.5-7B width, 2 layers, fp32"
+    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+    logs = args.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    load0 = os.getloadavg()[0]
+    data = {"benchmark": "serve_fork",
+            "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": str(engine), "engine_name": name,
+            "n": args.fork, "new_tokens": args.new_tokens, "rounds": args.rounds, "budget": serve_fork.BUDGET,
+            "setup": f"coverpruner-serve {' '.join(BATCHED)} --threads {args.threads} --prefix-cache-mb 0 | 256",
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__},
+            "servers": {}}
+    out = ROOT / "benchmarks" / "results" / f"serve_fork_{args.tag or 'cpu'}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for label, mb in (("prefix cache off", "0"), ("prefix cache on", "256")):
+        # no deadline: on a loaded 2-core machine four separate 7B-width admissions outlast the default 300 s
+        server = Server(engine, "batched", logs / f"fork_{mb}.log", threads=args.threads,
+                        extra=("--prefix-cache-mb", mb, "--request-timeout", "0"))
+        try:
+            data["servers"][label] = serve_fork.measure(make_client(server.url), image_url, args.fork, args.rounds,
+                                                        args.new_tokens, label)
+        finally:
+            server.stop()
+        data["load_average_1min"] = [load0, os.getloadavg()[0]]
+        tmp = out.with_suffix(".json.tmp")  # written after each server: a cut-short run keeps what it measured
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(out)
+        serve_fork.plot(out.with_suffix(".png"), data)
+    for label, r in data["servers"].items():
+        print(f"{label}: n={args.fork} {r['median_wall_s']['fork']:.2f} s vs {args.fork} separate "
+              f"{r['median_wall_s']['separate']:.2f} s = {r['x_fork_over_separate']:.2f}x; answers equal: "
+              f"{r['answers_equal']}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

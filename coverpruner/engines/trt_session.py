@@ -216,7 +216,8 @@ class TrtSessionFactory:
         check_engine_compat(self.section, self.trt.flavour, self.trt.version, compute_capability)
         if compute_capability is None:  # engines built without a GPU (TensorRT-RTX) still need one to run
             raise EngineMismatchError(f"{self.engine_dir}: TensorRT engines run on a CUDA GPU and none is usable "
-                                      "here (no CUDA device or driver); use provider 'cpu' or 'cuda' instead")
+                                      "here (no CUDA device or driver), so provider 'cuda' cannot run either; use provider 'cpu' (an "
+                                      "engine dir exported for the CPU: docs/usage.md)")
         plugin = self.section.get("plugin")
         self.plugin = self.engine_dir / plugin["file"] if plugin else None
         self.verbose = verbose

@@ -25,6 +25,7 @@ from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
                                      save_proto)
 from coverpruner.families import family_for_model_type
+from coverpruner.progress import ticking
 from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
@@ -164,17 +165,18 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
         bar.set_description(f"export: {g}")
         t0 = time.perf_counter()
         extra = {}
-        if g == "selector":
-            saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
-        elif g == "decoder" and decoder_form_for(opts) == "ort":
-            saved, extra = _export_ort_decoder(family, model, config, output, opts.dtype)
-        else:
-            spec = specs.pop(g)
-            saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names, spec.output_names,
-                                 spec.dynamic_shapes, opts.opset,
-                                 _use_external(opts.external_data, _param_bytes(spec.module)))
-            del spec
-            gc.collect()
+        with ticking(bar):  # one long call per graph (the decoder's and the vision tower's take minutes)
+            if g == "selector":
+                saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
+            elif g == "decoder" and decoder_form_for(opts) == "ort":
+                saved, extra = _export_ort_decoder(family, model, config, output, opts.dtype)
+            else:
+                spec = specs.pop(g)
+                saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names,
+                                     spec.output_names, spec.dynamic_shapes, opts.opset,
+                                     _use_external(opts.external_data, _param_bytes(spec.module)))
+                del spec
+                gc.collect()
         declared = family.decoder_spec(config).extras if g == "decoder" else ()
         if declared:  # contract v4: the runtime feeds the extras from this record, without family code
             extra["extras"] = extras_record(declared)
@@ -289,7 +291,8 @@ def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: di
 
     bar.set_description("export: load model")
     t0 = time.perf_counter()
-    model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - {"selector"} else None
+    with ticking(bar):
+        model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - {"selector"} else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()
     entries = _export_graphs(family, model, config, output, order, opts, bar, seconds)

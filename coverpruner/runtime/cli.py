@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import sys
 from pathlib import Path
 
+from coverpruner.progress import spinner
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.families import request_options
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
@@ -71,7 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="MiB for reusing pruned prefixes within this run (default 0: off; one request per run)")
     out = p.add_argument_group("output")
     out.add_argument("--stream", action="store_true", help="print the answer as it is decoded")
-    out.add_argument("--json", action="store_true", help="print the full result with timings as JSON")
+    out.add_argument("--json", action="store_true",
+                     help="print the result with timings as JSON (compact: number lists on one line, no relevance "
+                          "scores; --json-full adds them)")
+    out.add_argument("--json-full", action="store_true",
+                     help="with --json: also every candidate's relevance score (per image)")
     out.add_argument("--save-selection", metavar="PNG", default=None,
                      help="draw kept patches over the image (pruned ones dimmed) into this PNG")
     return p
@@ -94,6 +100,22 @@ def _format_timings(result) -> str:
               f"{sum(len(i.kept_indices) for i in result.images)}/{sum(i.num_visual_tokens for i in result.images)}"
               f" visual tokens of {len(result.images)} image(s), prefill {result.prefill_tokens} tokens"
               + (f" ({result.cached_tokens} cached)" if result.cached_tokens else ""))
+
+
+def result_json(result: dict, full: bool = False) -> str:
+    """GenerationResult.to_dict() as --json prints it: indented, but each list of numbers on one line (a list per
+    line instead of one number per line: ~490 lines before); the relevance scores (one per candidate, per image)
+    only when ``full``."""
+    def drop(obj):
+        if isinstance(obj, dict):
+            return {k: drop(v) for k, v in obj.items() if full or k != "relevance"}
+        if isinstance(obj, list):
+            return [drop(v) for v in obj]
+        return obj
+
+    text = json.dumps(drop(result), indent=2)
+    return re.sub(r"\[\s*((?:-?[\d.eE+-]+|null)(?:,\s*(?:-?[\d.eE+-]+|null))*)\s*\]",
+                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
 
 
 def engine_precision(manifest) -> dict:
@@ -168,8 +190,9 @@ def run(args) -> int:
     if args.save_selection:
         check_png_path(args.save_selection)
     messages = read_messages(args.messages) if args.messages is not None else None
-    pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector,
-                         prefix_cache_mb=args.prefix_cache_mb)
+    with spinner(f"loading {args.engine_dir}"):  # seconds for a 7B dir: say so on a terminal
+        pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads, selector=args.selector,
+                             prefix_cache_mb=args.prefix_cache_mb)
     defaults = pipe.manifest.defaults
     budget = parse_budget(args.budget if args.budget is not None else defaults.get("budget", 64))
     method = args.method or defaults.get("method", "coverpruner")
@@ -201,7 +224,7 @@ def run(args) -> int:
         else:
             save_selection(args.save_selection, args.image, result.kept_indices, result.panels)
     if args.json:
-        print(json.dumps({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, indent=2))
+        print(result_json({**result.to_dict(), "engine": engine_precision(pipe.manifest)}, args.json_full))
     else:
         print("" if args.stream else result.text)
         print(_format_timings(result), file=sys.stderr)

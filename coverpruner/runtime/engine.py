@@ -19,6 +19,10 @@ One ``step`` is schedule -> run -> update, each a small named function:
     update      ``_after_token``: the stop rules (a stop id, max_new_tokens, the context), text pieces, and at
                 the end the request's KV inserted into the prefix cache and its slot freed
     cancel      drops a queued or running request between steps
+    fork        a request submitted with n > 1 (OpenAI's ``n``) is admitted once (one vision pass, one selection,
+                one prefill) and its prefix copied into n - 1 more slots (``_fork``): n answers, each with its
+                own sampler stream (runtime.sampling: answer i's seed), each an event ``index``. With
+                ``top_logprobs`` (0..20) every answer token's event carries its TokenLogprob (runtime.logprobs)
 
 Batch 1 is this loop with one slot (``LoopSlots`` over Pipeline.decoder, any decoder form: the standard form
 cannot batch, so it always runs here); up to N requests share ``BatchSlots`` (engines.ort_form_decoder.
@@ -30,6 +34,7 @@ Not thread-safe: one thread drives an engine (a server worker owns its own).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -41,6 +46,8 @@ from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.errors import OptionError, PromptError
+from coverpruner.runtime.logprobs import TokenLogprob, check_top_logprobs, token_logprob
+from coverpruner.runtime.options import check_int
 from coverpruner.runtime.prefix_cache import TEXT_ROW
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler
@@ -57,6 +64,8 @@ class EngineEvent:
     piece: str = ""
     result: GenerationResult | None = None
     error: Exception | None = None
+    index: int = 0  # which of the request's n answers (fork); errors concern them all
+    logprob: TokenLogprob | None = None  # the token of this step (submit's top_logprobs; none for a stop id)
 
     @property
     def done(self) -> bool:
@@ -217,6 +226,9 @@ class _Sequence:
     times: dict = field(default_factory=dict)
     t_decode: float = 0.0
     tokens: list = field(default_factory=list)
+    n: int = 1  # answers of the request (fork); the others are admitted as copies of this one
+    index: int = 0  # this answer's index among them
+    top_logprobs: int | None = None  # None: no logprobs
 
 
 class Engine:
@@ -229,8 +241,8 @@ class Engine:
         self.pipe, self.slots = pipeline, slots
         self.max_batch = slots.max_batch
         self.capacity = capacity
-        self._queue: deque[tuple[int, Request]] = deque()
-        self._running: dict[int, _Sequence] = {}
+        self._queue: deque[_Sequence] = deque()
+        self._running: dict[tuple[int, int], _Sequence] = {}  # (request id, answer index) -> its sequence
         self._next = 0
 
     @classmethod
@@ -259,23 +271,27 @@ class Engine:
         """Requests queued or running."""
         return len(self._queue) + len(self._running)
 
-    def submit(self, request: Request) -> int:
-        """Queue a validated Request (Pipeline.request / chat_request); returns its id."""
+    def submit(self, request: Request, n: int = 1, top_logprobs: int | None = None) -> int:
+        """Queue a validated Request (Pipeline.request / chat_request); returns its id. n: answers (1 ..
+        max_batch: they decode side by side in the batch's slots); top_logprobs: None, or 0..20 alternatives
+        reported with every token's log-probability. OptionError (param ``n`` / ``top_logprobs``) otherwise."""
+        n = check_int("n", n, 1, self.max_batch)
+        top_logprobs = check_top_logprobs(top_logprobs)
         rid, self._next = self._next, self._next + 1
-        self._queue.append((rid, request))
+        self._queue.append(_Sequence(rid, request, n=n, top_logprobs=top_logprobs))
         return rid
 
     def cancel(self, rid: int) -> bool:
-        """Drop request ``rid`` (queued or running) without an event; False if it is unknown or done."""
-        for i, (qid, _) in enumerate(self._queue):
-            if qid == rid:
+        """Drop request ``rid`` (queued or running: all its answers) without an event; False if it is unknown or
+        done."""
+        for i, queued in enumerate(self._queue):
+            if queued.rid == rid:
                 del self._queue[i]
                 return True
-        seq = self._running.pop(rid, None)
-        if seq is None:
-            return False
-        self.slots.leave(seq.handle)
-        return True
+        keys = [key for key in self._running if key[0] == rid]
+        for key in keys:
+            self.slots.leave(self._running.pop(key).handle)
+        return bool(keys)
 
     def step(self) -> list[EngineEvent]:
         """admit (queued requests into the free slots: stages, prefix, rows but the last) -> one decoder call (a
@@ -297,23 +313,23 @@ class Engine:
                 self.slots.leave(seq.handle)
             if running:
                 raise
-            return events + [EngineEvent(s.rid, error=exc) for s in admitted]
+            return events + [EngineEvent(s.rid, error=exc) for s in admitted if s.index == 0]  # one per request
         dt = time.perf_counter() - t
-        events += [self._after_token(s, s.sampler(logits[s.handle])) for s in running]
+        events += [self._after_token(s, logits[s.handle]) for s in running]
         for seq in admitted:
             t = time.perf_counter()
-            self._running[seq.rid] = seq
-            token = seq.sampler(logits[seq.handle] if seq.first is None else seq.first)
+            self._running[seq.rid, seq.index] = seq
+            first = logits[seq.handle] if seq.first is None else seq.first
             seq.first = None
             seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
             seq.t_decode = time.perf_counter()
-            events.append(self._after_token(seq, token))
+            events.append(self._after_token(seq, first))
         return events
 
     def run(self, request: Request):
         """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
         (one-line CoverPrunerError for bad input) is raised."""
-        rid = self.submit(request)
+        rid = self.submit(request)  # one answer
         while self.pending:
             for event in self.step():
                 if event.request_id != rid:
@@ -344,13 +360,13 @@ class Engine:
         """Queued requests into the free slots: their stages one by one, then one feed_prefill for all of them.
         -> (the admitted sequences, error events of the ones that failed)."""
         events, seqs = [], []
-        while self._queue and len(self._running) + len(seqs) < self.max_batch:
-            rid, request = self._queue.popleft()
-            seq = _Sequence(rid, request)
+        # a request takes n slots at once (FIFO: a request that needs more than are free waits for them)
+        while self._queue and len(self._running) + sum(s.n for s in seqs) + self._queue[0].n <= self.max_batch:
+            seq = self._queue.popleft()
             try:
                 self._stages(seq)
             except Exception as exc:  # noqa: BLE001 - the request fails alone; the others go on
-                events.append(EngineEvent(rid, error=exc))
+                events.append(EngineEvent(seq.rid, error=exc))
                 continue
             seqs.append(seq)
         if not seqs:
@@ -362,28 +378,65 @@ class Engine:
             return [], events + [EngineEvent(s.rid, error=exc) for s in seqs]
         dt = time.perf_counter() - t
         for seq, (handle, seq.first) in zip(seqs, out):
-            seq.handle, seq.sampler = handle, Sampler(seq.request.sampling)
-            seq.stream = StreamDecoder(self.pipe.encoder)
+            seq.handle = handle
             seq.times["prefill"] += dt
+        try:
+            seqs += self._fork([s for s in seqs if s.n > 1])
+        except Exception as exc:  # noqa: BLE001 - a failed copy fails the requests it carried
+            for seq in seqs:
+                self.slots.leave(seq.handle)
+            return [], events + [EngineEvent(s.rid, error=exc) for s in seqs if s.index == 0]
+        for seq in seqs:
+            seq.sampler = Sampler(seq.request.sampling, seq.index)
+            seq.stream = StreamDecoder(self.pipe.encoder)
         return seqs, events
 
+    def _fork(self, parents: list[_Sequence]) -> list[_Sequence]:
+        """Answers 1..n-1 of each request admitted with n > 1: the prefix the parent's prefill left in its slot
+        (every prompt row but the last) copied into n - 1 fresh slots (slots.snapshot -> admit: a restore, no
+        forward), each with its own DecodeState; their last prompt row rides the next decode step beside the
+        parent's, as the parent's does. -> the new sequences (slots taken)."""
+        children, plans, natives = [], [], []
+        for parent in parents:
+            if parent.first is not None:  # LoopSlots computed the last row too; submit bounds n by max_batch = 1
+                raise OptionError("n > 1 needs a batch of slots", param="n")
+            snapshot = self.slots.snapshot(parent.handle)
+            for index in range(1, parent.n):
+                plan = dataclasses.replace(parent.plan, state=dataclasses.replace(parent.plan.state),
+                                           cached=len(parent.plan.rows) - 1, prefix=snapshot)
+                children.append(_Sequence(parent.rid, parent.request, parent.t_start, parent.native,
+                                          parent.selection, plan, times=dict(parent.times), index=index,
+                                          n=parent.n, top_logprobs=parent.top_logprobs))
+                plans.append(plan)
+                natives.append(parent.native)
+        if not children:
+            return []
+        out = feed_prefill(self.pipe, self.slots, plans, natives)
+        for child, (handle, child.first) in zip(children, out):
+            child.handle = handle
+            child.plan.cached = next(p for p in parents if p.rid == child.rid).plan.cached  # what usage reports
+        return children
+
     # -- update ----------------------------------------------------------------------------------------
-    def _after_token(self, seq: _Sequence, token: int) -> EngineEvent:
-        """The stop rules: a stop id ends the answer (kept in token_ids, not in the text); else its text piece,
-        and the answer ends at state.max_tokens (finish_reason "length", or "context" when the context ended
-        first)."""
+    def _after_token(self, seq: _Sequence, logits: np.ndarray) -> EngineEvent:
+        """Sample the answer's next token from logits [V], then the stop rules: a stop id ends the answer (kept in
+        token_ids, not in the text, no logprob); else its text piece (and its TokenLogprob when asked), and the
+        answer ends at state.max_tokens (finish_reason "length", or "context" when the context ended first)."""
+        token = seq.sampler(logits)
         seq.tokens.append(int(token))
-        finish, piece = None, ""
+        finish, piece, logprob = None, "", None
         if token in seq.request.stop_ids:
             finish = "eos"
         else:
             piece = seq.stream.push(token)
+            if seq.top_logprobs is not None:
+                logprob = token_logprob(logits, token, seq.top_logprobs)
             if len(seq.tokens) >= seq.plan.state.max_tokens:
                 finish = seq.plan.state.limit
         if finish is None:
-            return EngineEvent(seq.rid, piece)
+            return EngineEvent(seq.rid, piece, index=seq.index, logprob=logprob)
         piece += seq.stream.flush()
-        del self._running[seq.rid]
+        del self._running[seq.rid, seq.index]
         now = time.perf_counter()
         seq.times["decode"] = now - seq.t_decode
         self._remember(seq)
@@ -391,7 +444,7 @@ class Engine:
         seq.times["total"] = time.perf_counter() - seq.t_start
         result = self.pipe.result(seq.request, seq.native, seq.selection, seq.stream.emitted, seq.tokens, seq.times,
                                   len(seq.plan.rows), finish, seq.plan.cached)
-        return EngineEvent(seq.rid, piece, result)
+        return EngineEvent(seq.rid, piece, result, index=seq.index, logprob=logprob)
 
     def _remember(self, seq: _Sequence) -> None:
         """Insert the request's cache (the pruned prompt + the answer tokens fed back) into the prefix cache."""

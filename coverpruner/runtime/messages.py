@@ -131,6 +131,9 @@ def normalize(messages, max_images: int | None = None) -> Conversation:
         parts = []
         for j, part in enumerate(content):
             where = f"messages[{i}].content[{j}]"
+            if isinstance(part, str):  # a common slip: the text without its part object
+                raise PromptError(f"{where}: a content list holds parts, not bare strings; write "
+                                  f"{{\"type\": \"text\", \"text\": {part[:40]!r}}}", param=where)
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
                 if not isinstance(part.get("text"), str):

@@ -1,8 +1,11 @@
 """Next-token choice from last-position logits: greedy, temperature and top-p (nucleus), after OpenAI's logit
 adjustments (frequency / presence penalties over the tokens generated so far, logit_bias).
 
-All randomness comes from one ``numpy.random.Generator(seed)`` per request, so a seed
-reproduces a sample exactly.
+All randomness comes from one ``numpy.random.Generator`` per answer, so a seed reproduces a sample exactly. A
+request with n answers (OpenAI's ``n``, runtime.engine forks it) gives answer i its own stream: answer 0 draws from
+``default_rng(seed)`` (the same stream as a request with n = 1), answer i > 0 from ``default_rng([seed, i])``
+(numpy's SeedSequence of the pair: independent of the others and reproducible); without a seed each answer
+draws fresh entropy.
 """
 
 from __future__ import annotations
@@ -44,11 +47,13 @@ class SamplingConfig:
 
 class Sampler:
     """Call with logits float [V] (any float dtype) -> next token id (int). Called once per generated token, so it
-    counts the tokens it returned (the penalties' history)."""
+    counts the tokens it returned (the penalties' history). stream: the answer's index among a request's n
+    (module docstring: how its generator is seeded)."""
 
-    def __init__(self, config: SamplingConfig):
+    def __init__(self, config: SamplingConfig, stream: int = 0):
         self.config = config
-        self.rng = np.random.default_rng(config.seed)
+        self.rng = np.random.default_rng(config.seed if stream == 0 or config.seed is None
+                                         else [config.seed, int(stream)])
         self.counts: dict[int, int] = {}
 
     def __call__(self, logits: np.ndarray) -> int:

@@ -65,8 +65,9 @@ def _draw_panel(rgb: np.ndarray, panel, kept: set, min_side: int, dim: float) ->
     framed = Image.new("RGB", (out.width, out.height + _CAPTION_H), (255, 255, 255))
     framed.paste(out, (0, 0))
     caption = f"{panel.title}: " if panel.title else ""
-    ImageDraw.Draw(framed).text((4, out.height + 2), f"{caption}{int(kept_cells.sum())}/{int((cells >= 0).sum())} kept",
-                                fill=(0, 0, 0))
+    padded = left < 0 or top < 0 or right > w or bottom > h  # the grey bands: padding the model saw, no tokens
+    ImageDraw.Draw(framed).text((4, out.height + 2), f"{caption}{int(kept_cells.sum())}/{int((cells >= 0).sum())} kept"
+                                + ("; grey bands: padding (no tokens)" if padded else ""), fill=(0, 0, 0))
     return framed
 
 

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible FastAPI app: POST /v1/chat/completions, GET /v1/models, /health, /metrics.
+"""The OpenAI-compatible FastAPI app: POST /v1/chat/completions (and, through the same path, serving.endpoints'
+/v1/completions and /v1/responses), GET /v1/models, /health, /metrics.
 
 ``create_app(config)`` loads ``config.workers`` pipelines and returns the app; the same app runs under
 uvicorn (``coverpruner-serve``) and inside each Ray Serve replica (``serving.ray_app``). Answers equal
@@ -17,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,6 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
+from coverpruner.serving.choices import Delta as ChoiceDelta
+from coverpruner.serving.choices import End, TokenText, chat_logprobs
 from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
 from coverpruner.serving.memory import release_freed_memory
@@ -35,7 +39,6 @@ from coverpruner.serving.request import GenerationRequest, build_request, pipeli
 from coverpruner.serving.schema import BODY_NAMES
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
-from coverpruner.serving.stop import StopMatcher
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, has_video_reader
 from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS
 from coverpruner.serving.workers import Job, QueueFull, WorkerPool
@@ -155,6 +158,7 @@ class ServerState:
         else:
             self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
         self.metrics = ServerMetrics(self.pool)
+        self.token_text = TokenText(self.pipelines[0].encoder.tokenizer)  # logprob entries' token strings
 
     def _finished(self, job: Job, outcome: str) -> None:
         if outcome == "cancelled" and not job.timed_out:  # a timeout was counted when it was answered
@@ -216,8 +220,14 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def chat_completions(request: Request):
         arrived = time.monotonic()
         req = await _parse(request, state.max_body_bytes, config.body_timeout_s)
+        return await serve(request, req, arrived)
+
+    async def serve(request: Request, req: ChatCompletionRequest, arrived: float, render=None):
+        """A validated chat request (also what /v1/completions and /v1/responses translate to) -> its answer;
+        render: (complete, stream) formatters of another endpoint (default: chat completions')."""
         if req.model != state.model_name:
             raise _unknown_model(req.model, state)
+        _check_n(req.n, state)
 
         def check(messages: list, options: dict) -> None:
             # Pipeline.chat_request checks every option, every message and the text's size at the call, before
@@ -237,14 +247,14 @@ def create_app(config: ServerConfig) -> FastAPI:
         parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
         if pixels <= _LARGE_IMAGE_PIXELS and not any(p["type"] == "video" for p in parts):  # frames: large too
-            return await _answer(state, request, gen, arrived)
+            return await _answer(state, request, gen, arrived, render)
 
         def release() -> None:  # in a worker thread: malloc_trim walks every arena
             gen.messages = None
             release_freed_memory()
 
         try:
-            response = await _answer(state, request, gen, arrived)
+            response = await _answer(state, request, gen, arrived, render)
         except BaseException:
             await run_in_threadpool(release)
             raise
@@ -259,7 +269,19 @@ def create_app(config: ServerConfig) -> FastAPI:
             await run_in_threadpool(release)
         return response
 
+    from coverpruner.serving.endpoints import add_endpoints  # /v1/completions, /v1/responses
+
+    add_endpoints(app, state, serve, lambda request: _read_json(request, state.max_body_bytes, config.body_timeout_s),
+                  SimpleNamespace(collect=collect, answers=answers, usage=_usage, finish_reason=finish_reason,
+                                  coverpruner=_coverpruner, validate_chat=validate_chat))
     return app
+
+
+def _check_n(n: int | None, state: ServerState) -> None:
+    """n answers decode side by side in one worker's batch: at most --max-batch (1 for a standard-form dir)."""
+    if n is not None and n > state.max_batch:
+        raise bad_request(f"n is {n}; this server answers at most {state.max_batch} per request (its --max-batch: "
+                          "the n answers share one prefill and decode side by side in one batch)", "n")
 
 
 def _bound_video_frames(options: dict, state: ServerState) -> None:
@@ -284,15 +306,17 @@ def _timeout_error(state: ServerState) -> APIError:
                     "request_timeout", "timeout_error")
 
 
-async def _answer(state: ServerState, request: Request, gen: GenerationRequest, arrived: float):
+async def _answer(state: ServerState, request: Request, gen: GenerationRequest, arrived: float, render=None):
     """Queue the validated request on a worker and answer it (JSON or server-sent events); past the deadline
-    (``arrived`` + request_timeout_s) the job expires: 504, or an error event once streaming."""
+    (``arrived`` + request_timeout_s) the job expires: 504, or an error event once streaming. render: (complete,
+    stream), the endpoint's formatters (default chat completions': _complete, _sse)."""
+    complete, stream = render or (_complete, _sse)
     timeout = state.config.request_timeout_s
     left = None if timeout is None else arrived + timeout - time.monotonic()
     if left is not None and left <= 0:
         raise _timeout_error(state)
     loop = asyncio.get_running_loop()
-    job = Job(None, None, gen.options, loop, messages=gen.messages)
+    job = Job(None, None, gen.options, loop, messages=gen.messages, n=gen.n, top_logprobs=gen.top_logprobs)
     try:
         state.pool.submit(job)
     except QueueFull as exc:
@@ -312,9 +336,9 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest, 
         if gen.stream:  # from here StreamingResponse watches the connection and cancels _sse
             streaming = True
             # background: also runs when the client left before the body started (then _sse never ran)
-            return StreamingResponse(_sse(state, job, gen, first, meta, timer), media_type="text/event-stream",
+            return StreamingResponse(stream(state, job, gen, first, meta, timer), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"}, background=BackgroundTask(job.cancel))
-        return await _complete(state, job, gen, first, meta)
+        return await complete(state, job, gen, first, meta)
     finally:
         watcher.cancel()
         if timer is not None and not streaming:  # a stream's timer runs until its last event (_sse)
@@ -356,8 +380,8 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
     return b"".join(chunks)
 
 
-async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
-                 ) -> ChatCompletionRequest:
+async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> dict:
+    """The body as a JSON object; 400 invalid_json otherwise."""
     try:
         body = json.loads(await _read_body(request, limit, timeout_s))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -366,6 +390,16 @@ async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float
         raise bad_request("request body is nested too deeply", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", None, "invalid_json")
+    return body
+
+
+async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
+                 ) -> ChatCompletionRequest:
+    return validate_chat(await _read_json(request, limit, timeout_s))
+
+
+def validate_chat(body: dict) -> ChatCompletionRequest:
+    """A JSON object -> ChatCompletionRequest; 400 naming the first offending field."""
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
@@ -433,11 +467,13 @@ async def _watch_disconnect(job: Job, request: Request) -> None:
         await asyncio.sleep(_DISCONNECT_POLL_S)
 
 
-def _usage(result) -> Usage:
-    done = len(result.token_ids)
-    return Usage(prompt_tokens=result.prompt_tokens, completion_tokens=done,
-                 total_tokens=result.prompt_tokens + done, prefill_tokens=result.prefill_tokens,
-                 prompt_tokens_details={"cached_tokens": int(result.cached_tokens)})
+def _usage(results: list) -> Usage:
+    """One request's usage over its n answers: the prompt once, the answers' tokens summed."""
+    done = sum(len(r.token_ids) for r in results)
+    first = results[0]
+    return Usage(prompt_tokens=first.prompt_tokens, completion_tokens=done,
+                 total_tokens=first.prompt_tokens + done, prefill_tokens=first.prefill_tokens,
+                 prompt_tokens_details={"cached_tokens": int(first.cached_tokens)})
 
 
 def _coverpruner(result) -> dict:
@@ -449,74 +485,110 @@ def _coverpruner(result) -> dict:
             "timings_ms": {k: round(float(v), 3) for k, v in result.timings_ms.items()}}
 
 
-def _finish_reason(result, matcher: StopMatcher) -> str:
-    return "stop" if matcher.stopped else _FINISH.get(result.finish_reason, result.finish_reason)
+def finish_reason(end: End) -> str:
+    """OpenAI's finish_reason of an answer: "stop" for a stop string or EOS, "length" at max_tokens or the
+    context's end."""
+    return "stop" if end.stopped else _FINISH.get(end.result.finish_reason, end.result.finish_reason)
+
+
+async def answers(state: ServerState, job: Job, gen: GenerationRequest, event):
+    """A job's events from ``event`` on -> serving.choices Delta / End items of its n answers (stop strings
+    applied); then, where it did not finish, one APIError item (an error or the deadline) or None (cancelled)."""
+    from coverpruner.serving.choices import Answers
+
+    cut = Answers(gen.stop, gen.n)
+    while True:
+        kind, value = event
+        if kind in ("piece", "finish", "done"):
+            for item in cut.feed(kind, value):
+                if isinstance(item, End):
+                    state.metrics.observe_result(item.result)
+                yield item
+            if kind == "done":
+                state.metrics.requests.labels("ok").inc()
+                return
+        else:
+            yield (_timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
+                   if kind == "error" else None)
+            return
+        event = await job.events.get()
+
+
+@dataclass
+class Collected:
+    """One finished answer of a non-streamed request: its text, TokenLogprobs and End."""
+
+    index: int
+    text: str
+    logprobs: list
+    end: End
+
+
+async def collect(state: ServerState, job: Job, gen: GenerationRequest, event) -> list[Collected] | None:
+    """Every answer of a non-streamed request, in index order; None when the client went away; APIError raised."""
+    texts, logprobs, ends = [[] for _ in range(gen.n)], [[] for _ in range(gen.n)], {}
+    async for item in answers(state, job, gen, event):
+        if item is None:
+            return None
+        if isinstance(item, APIError):
+            raise item
+        if isinstance(item, End):
+            ends[item.index] = item
+        else:
+            texts[item.index].append(item.text)
+            logprobs[item.index] += item.logprobs
+    return [Collected(i, "".join(texts[i]), logprobs[i], ends[i]) for i in range(gen.n)]
 
 
 async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
-    matcher, text = StopMatcher(gen.stop), []
-    while event[0] == "piece":
-        text.append(matcher.push(event[1])[0])
-        event = await job.events.get()
-    kind, value = event
-    if kind == "timeout":
-        raise _timeout_error(state)
-    if kind == "error":
-        raise _api_error_from(value, gen)
-    if kind == "cancelled":
+    got = await collect(state, job, gen, event)
+    if got is None:
         return Response(status_code=499)
-    text.append(matcher.flush())
-    state.metrics.requests.labels("ok").inc()
-    state.metrics.observe_result(value)
+    lp = gen.top_logprobs is not None
     body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model,
-                          choices=[Choice(message=AssistantMessage(content="".join(text)),
-                                          finish_reason=_finish_reason(value, matcher))],
-                          usage=_usage(value), coverpruner=_coverpruner(value))
+                          choices=[Choice(index=c.index, message=AssistantMessage(content=c.text),
+                                          finish_reason=finish_reason(c.end),
+                                          logprobs=chat_logprobs(c.logprobs, state.token_text) if lp else None)
+                                   for c in got],
+                          usage=_usage([c.end.result for c in got]), coverpruner=_coverpruner(got[0].end.result))
     return JSONResponse(body.model_dump())
 
 
-def _sse_data(obj) -> str:
+def sse_data(obj) -> str:
     payload = obj.model_dump_json(exclude_none=False) if hasattr(obj, "model_dump_json") else json.dumps(obj)
     return f"data: {payload}\n\n"
 
 
 async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta, timer=None):
-    """OpenAI chunk stream: role chunk, content chunks, a finish chunk (with the coverpruner object),
-    a usage chunk when stream_options.include_usage, then [DONE]. An error mid-stream (the deadline passing
-    included) is an error event."""
+    """OpenAI chunk stream: per answer (``index``) a role chunk, content chunks (with their tokens' logprobs when
+    asked), a finish chunk (with the coverpruner object); then a usage chunk when stream_options.include_usage,
+    then [DONE]. An error mid-stream (the deadline passing included) is an error event."""
 
-    def chunk(delta: Delta, finish=None, **extra) -> str:
-        return _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
-                                             choices=[ChunkChoice(delta=delta, finish_reason=finish)], **extra))
+    def chunk(index: int, delta: Delta, finish=None, logprobs=None, **extra) -> str:
+        return sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
+                                            choices=[ChunkChoice(index=index, delta=delta, finish_reason=finish,
+                                                                 logprobs=logprobs)], **extra))
 
-    matcher = StopMatcher(gen.stop)
+    results = []
     try:
-        yield chunk(Delta(role="assistant", content=""))
-        while True:
-            kind, value = event
-            if kind == "piece":
-                piece, _ = matcher.push(value)
-                if piece:
-                    yield chunk(Delta(content=piece))
-            elif kind == "done":
-                tail = matcher.flush()
-                if tail:
-                    yield chunk(Delta(content=tail))
-                state.metrics.requests.labels("ok").inc()
-                state.metrics.observe_result(value)
-                yield chunk(Delta(), _finish_reason(value, matcher), coverpruner=_coverpruner(value))
-                if gen.include_usage:
-                    yield _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
-                                                        choices=[], usage=_usage(value)))
+        for index in range(gen.n):
+            yield chunk(index, Delta(role="assistant", content=""))
+        async for item in answers(state, job, gen, event):
+            if item is None:  # cancelled
                 break
-            elif kind in ("error", "timeout"):
-                err = _timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
-                state.count_error(err)
-                yield f"data: {json.dumps(err.body())}\n\n"
+            if isinstance(item, APIError):
+                state.count_error(item)
+                yield f"data: {json.dumps(item.body())}\n\n"
                 break
-            else:  # cancelled
-                break
-            event = await job.events.get()
+            if isinstance(item, ChoiceDelta):
+                logprobs = chat_logprobs(item.logprobs, state.token_text) if item.logprobs else None
+                yield chunk(item.index, Delta(content=item.text), logprobs=logprobs)
+            else:
+                results.append(item.result)
+                yield chunk(item.index, Delta(), finish_reason(item), coverpruner=_coverpruner(item.result))
+        if len(results) == gen.n and gen.include_usage:
+            yield sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[],
+                                               usage=_usage(results)))
         yield "data: [DONE]\n\n"
     finally:
         if timer is not None:

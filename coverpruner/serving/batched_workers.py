@@ -76,16 +76,14 @@ class BatchedWorkerPool:
                 if job.cancelled:  # gave up while queued
                     self._end(job, "cancelled", counted=False)
                     continue
-                try:
-                    pipe = batch.pipe  # a conversation (the server's requests) or image + prompt
-                    request = (pipe.chat_request(job.messages, **job.options) if job.messages is not None
-                               else pipe.request(job.image, job.prompt, **job.options))
+                try:  # a conversation (the server's requests) or image + prompt; n answers share its prefill
+                    rid = batch.submit(job.request(batch.pipe), job.n, job.top_logprobs)
                 except CoverPrunerError as exc:
                     self._end(job, "error", exc, counted=False)
                     continue
                 with self._lock:
                     self.running += 1
-                jobs[batch.submit(request)] = job
+                jobs[rid] = job
             for rid, job in list(jobs.items()):
                 if job.cancelled and batch.cancel(rid):
                     self._end(jobs.pop(rid), "cancelled")
@@ -100,15 +98,17 @@ class BatchedWorkerPool:
                     self._end(jobs.pop(rid), "error", exc)
                 continue
             for event in events:
-                job = jobs[event.request_id]
-                if event.piece:
-                    job.emit("piece", event.piece)
-                if event.error is not None:
-                    if not isinstance(event.error, CoverPrunerError):
-                        log.error("generation failed: %s", event.error)
-                    self._end(jobs.pop(event.request_id), "error", event.error)
-                elif event.result is not None:
-                    self._end(jobs.pop(event.request_id), "done", event.result)
+                job = jobs.get(event.request_id)
+                if job is None:  # ended already (an error of another of its answers)
+                    continue
+                end = job.deliver(event)
+                if end is None:
+                    continue
+                if end[0] == "error":
+                    if not isinstance(end[1], CoverPrunerError):
+                        log.error("generation failed: %s", end[1])
+                    batch.cancel(event.request_id)  # its other answers, if any
+                self._end(jobs.pop(event.request_id), *end)
 
     def shutdown(self) -> None:
         self._stop.set()

@@ -53,6 +53,8 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    n: int = 1  # answers (serving.choices)
+    top_logprobs: int | None = None  # None: no logprobs
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
@@ -101,7 +103,15 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
     messages = [msg if isinstance(msg["content"], str) else {**msg, "content": [fetch(p) for p in msg["content"]]}
                 for msg in pending]
     return GenerationRequest(messages, options, stop, req.stream,
-                             bool(req.stream_options and req.stream_options.include_usage))
+                             bool(req.stream_options and req.stream_options.include_usage), *answer_fields(req))
+
+
+def answer_fields(req: ChatCompletionRequest) -> tuple[int, int | None]:
+    """(n, top_logprobs or None) of a request; top_logprobs asks for logprobs too, so it needs logprobs true
+    (as OpenAI: a 400 naming top_logprobs otherwise). logprobs true alone reports no alternatives (0)."""
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return req.n or 1, ((req.top_logprobs or 0) if req.logprobs else None)
 
 
 def _check_text(texts, param: str) -> None:

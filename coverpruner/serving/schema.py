@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import dataclasses
 
+from coverpruner.runtime.logprobs import MAX_TOP_LOGPROBS
 from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, GenerationOptions
 
 #: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
@@ -33,16 +34,13 @@ REFUSED_FIELDS = {
     "functions": "tool calling is not implemented by this server yet",
     "function_call": "tool calling is not implemented by this server yet",
     "response_format": "structured output (json_object / json_schema) is not implemented by this server yet",
-    "logprobs": "log-probabilities are not returned by this server yet",
-    "top_logprobs": "log-probabilities are not returned by this server yet",
-    "n": "one answer per request (send n requests with different seeds)",
     "audio": "this server answers in text only",
     "modalities": "this server answers in text only",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "this server has no web search",
 }
 #: the value of a refused field that asks for nothing (taken silently)
-REFUSED_UNLESS = {"logprobs": False, "n": 1, "tool_choice": "none", "response_format": {"type": "text"},
+REFUSED_UNLESS = {"tool_choice": "none", "response_format": {"type": "text"},
                   "modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
 EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
@@ -96,6 +94,11 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None  # token id (a decimal string: a JSON key) -> bias in [-100, 100]
+    # n answers forked from one prefill (bounded by the server's --max-batch: serving.app); logprobs of every
+    # answer token with top_logprobs alternatives (serving.choices)
+    n: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # NOOP_FIELDS: taken, change nothing
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -124,7 +127,7 @@ class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: dict | None = None  # serving.choices.chat_logprobs
 
 
 class ChatCompletion(BaseModel):
@@ -146,7 +149,7 @@ class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: dict | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -29,13 +29,17 @@ class QueueFull(Exception):
 
 
 class Job:
-    """One admitted request. Events on ``events``: ("piece", str), ("done", GenerationResult),
-    ("error", exception) or ("cancelled", None) — the last one always ends the job — and ("timeout", None)
-    from ``expire``, put by the event loop itself so the handler answers without waiting for the worker."""
+    """One admitted request. Events on ``events``: ("piece", str or serving.choices.Piece), ("finish",
+    serving.choices.Finished: one of n answers ended, others go on), ("done", GenerationResult or Finished: the
+    last answer), ("error", exception) or ("cancelled", None) — done / error / cancelled always end the job —
+    and ("timeout", None) from ``expire``, put by the event loop itself so the handler answers without waiting
+    for the worker. n: answers (forked in the engine loop); top_logprobs: None or 0..20 (per-token logprobs)."""
 
-    def __init__(self, image, prompt: str | None, options: dict, loop: asyncio.AbstractEventLoop, messages=None):
+    def __init__(self, image, prompt: str | None, options: dict, loop: asyncio.AbstractEventLoop, messages=None,
+                 n: int = 1, top_logprobs: int | None = None):
         # messages: a conversation for Pipeline.chat_stream; else image + prompt for Pipeline.stream
         self.image, self.prompt, self.options, self.messages = image, prompt, options, messages
+        self.n, self.top_logprobs, self.left = n, top_logprobs, n
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
@@ -54,6 +58,34 @@ class Job:
     @property
     def cancelled(self) -> bool:
         return self._cancel.is_set()
+
+    @property
+    def detailed(self) -> bool:
+        """Whether the job needs the engine loop's events (n answers or logprobs), not a plain text stream."""
+        return self.n > 1 or self.top_logprobs is not None
+
+    def request(self, pipe):
+        """The job's runtime Request on ``pipe`` (a conversation, or image + prompt); CoverPrunerError if bad."""
+        return (pipe.chat_request(self.messages, **self.options) if self.messages is not None
+                else pipe.request(self.image, self.prompt, **self.options))
+
+    def deliver(self, event) -> tuple[str, object] | None:
+        """One runtime.engine.EngineEvent of this job: its piece (a serving.choices.Piece) and an answer that
+        ends while others go on ("finish") are emitted here; the job's end is returned for the pool to emit:
+        ("done", Finished) after the last answer, ("error", exception); None otherwise."""
+        from coverpruner.serving.choices import Finished, Piece
+
+        if event.piece or event.logprob is not None:
+            self.emit("piece", Piece(event.piece, event.index, event.logprob))
+        if event.error is not None:
+            return "error", event.error
+        if event.result is None:
+            return None
+        self.left -= 1
+        if self.left:
+            self.emit("finish", Finished(event.index, event.result))
+            return None
+        return "done", Finished(event.index, event.result)
 
     def emit(self, kind: str, value) -> None:
         try:
@@ -101,6 +133,9 @@ class WorkerPool:
         try:
             if job.cancelled:  # gave up while queued
                 return
+            if job.detailed:
+                outcome = self._engine(pipe, job)
+                return
             stream = (pipe.chat_stream(job.messages, **job.options) if job.messages is not None
                       else pipe.stream(job.image, job.prompt, **job.options))
             pieces = iter(stream)
@@ -127,6 +162,27 @@ class WorkerPool:
                 self.admitted -= 1
             if self._on_finish is not None:
                 self._on_finish(job, outcome)
+
+    @staticmethod
+    def _engine(pipe, job: Job) -> str:
+        """A job with logprobs (n is 1 here: n <= the server's max batch) through the engine loop's events,
+        which carry them -> its outcome ("done", "error"; "cancelled" emits nothing)."""
+        from coverpruner.runtime.engine import Engine
+
+        engine = Engine.for_pipeline(pipe)
+        rid = engine.submit(job.request(pipe), job.n, job.top_logprobs)
+        while engine.pending:
+            if job.cancelled:
+                engine.cancel(rid)
+                return "cancelled"
+            for event in engine.step():
+                end = job.deliver(event)
+                if end is not None:
+                    if end[0] == "error":
+                        raise end[1]
+                    job.emit(*end)
+                    return "done"
+        return "cancelled"  # unreachable: every request ends in an event
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

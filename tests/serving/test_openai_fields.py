@@ -63,7 +63,7 @@ def test_bookkeeping_fields_are_taken(client, demo_png):
 @pytest.mark.parametrize("field, value", [
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
     ("response_format", {"type": "json_object"}),
-    ("logprobs", True), ("top_logprobs", 2), ("n", 2),
+    ("logprobs", "yes"), ("top_logprobs", 2), ("top_logprobs", 21), ("n", 2),
     ("frequency_penalty", 3.0), ("logit_bias", {"99999999": 1}), ("logit_bias", {"7": 101}),
 ])
 def test_refused_fields_name_themselves(client, demo_png, field, value):

@@ -32,7 +32,7 @@ class LlavaRuntime(CompactPositions, HFRuntime):
         grid = self.side * self.side
         # "full" select strategy keeps CLS as candidate 0: it has no cell in the picture
         cells = np.arange(self.n - grid, self.n, dtype=np.int64)
-        panel = GridPanel("kept patches", (self.side, self.side), crop_box(img.width, img.height, self.settings),
+        panel = GridPanel("patches", (self.side, self.side), crop_box(img.width, img.height, self.settings),
                           cells)
         return VisionInputs({"pixel_values": pixel_values}, self.n, (panel,), {"size": (img.width, img.height)})
 

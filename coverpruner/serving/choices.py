@@ -1,0 +1,163 @@
+"""A request's answers as the handlers read them: n choices (OpenAI's ``n``), each with its text pieces, its
+per-token logprobs and its end, whichever endpoint formats them (chat completions, completions, responses).
+
+The worker pools emit ``Piece`` / ``Finished`` values (serving.workers.Job); ``answers`` turns a job's event queue
+into per-choice deltas, cut at the request's stop strings (one StopMatcher per choice), and the ``*_logprobs``
+helpers give OpenAI's two logprob shapes: chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}`` and the
+legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``.
+
+A token's ``bytes`` are its own bytes (TokenText: byte-level BPE's character <-> byte table, Metaspace's word-start
+mark as a space) and its string their UTF-8 decoding; a token that holds part of a character is written
+``bytes:\\xNN..`` as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import NamedTuple
+
+from coverpruner.runtime.logprobs import TokenLogprob
+from coverpruner.serving.stop import StopMatcher
+
+
+class Piece(NamedTuple):
+    """New text of choice ``index`` (may be "") and the TokenLogprob of the token that produced it (or None)."""
+
+    text: str
+    index: int = 0
+    logprob: TokenLogprob | None = None
+
+
+class Finished(NamedTuple):
+    """Choice ``index`` ended with its GenerationResult."""
+
+    index: int
+    result: object
+
+
+def piece_of(value) -> Piece:
+    return value if isinstance(value, Piece) else Piece(value)
+
+
+def finished_of(value) -> Finished:
+    return value if isinstance(value, Finished) else Finished(0, value)
+
+
+@dataclass
+class Delta:
+    """What one event added to choice ``index``: text (after its stop strings) and logprobs of its tokens."""
+
+    index: int
+    text: str = ""
+    logprobs: list = field(default_factory=list)
+
+
+@dataclass
+class End:
+    """Choice ``index`` ended: its GenerationResult; ``stopped`` when a stop string cut it."""
+
+    index: int
+    result: object
+    stopped: bool
+
+
+class Answers:
+    """Per-choice stop matching of a job's events. ``feed(kind, value)`` -> [Delta | End]; kinds other than
+    piece / finish / done are the caller's (error, timeout, cancelled)."""
+
+    def __init__(self, stops: list[str], n: int):
+        self.matchers = [StopMatcher(stops) for _ in range(n)]
+
+    def feed(self, kind: str, value) -> list:
+        if kind == "piece":
+            piece = piece_of(value)
+            matcher = self.matchers[piece.index]
+            if matcher.stopped:  # what follows a stop string is not part of the answer
+                return []
+            text, _ = matcher.push(piece.text)
+            if not text and piece.logprob is None:
+                return []
+            return [Delta(piece.index, text, [piece.logprob] if piece.logprob is not None else [])]
+        index, result = finished_of(value)
+        matcher = self.matchers[index]
+        tail = matcher.flush()
+        return ([Delta(index, tail)] if tail else []) + [End(index, result, matcher.stopped)]
+
+
+# -- token strings ----------------------------------------------------------------------------------
+
+def _byte_chars() -> dict[str, int]:
+    """The byte-level BPE alphabet: each byte 0..255 as the printable character that stands for it (printable
+    Latin-1 bytes as themselves, the others shifted past 255 in order)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+class TokenText:
+    """token id -> (string, bytes as a list of ints) for logprob entries (module docstring). The bytes are the
+    token's own: byte-level BPE vocabularies map each character back to its byte; Metaspace (sentencepiece-style)
+    vocabularies write a space for the word-start mark and ``<0xNN>`` byte-fallback tokens are that byte; other
+    tokenizers give the UTF-8 of the id decoded alone. So an answer's token bytes joined are its text (up to the
+    space a Metaspace decoder drops before the first word)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        spec = tokenizer.to_str() if hasattr(tokenizer, "to_str") else ""
+        self._byte_level = '"ByteLevel"' in spec
+        self._metaspace = '"Metaspace"' in spec
+        self._chars = _byte_chars()
+        self.of = lru_cache(maxsize=65536)(self._of)
+
+    def _raw(self, tid: int) -> bytes:
+        piece = self.tokenizer.id_to_token(int(tid)) or ""
+        if self._byte_level and piece and all(c in self._chars for c in piece):
+            return bytes(self._chars[c] for c in piece)
+        if self._metaspace and piece:
+            if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                try:
+                    return bytes([int(piece[3:5], 16)])
+                except ValueError:
+                    pass
+            return piece.replace("\u2581", " ").encode("utf-8")
+        return self.tokenizer.decode([int(tid)], skip_special_tokens=False).encode("utf-8")
+
+    def _of(self, tid: int) -> tuple[str, list[int]]:
+        raw = self._raw(tid)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:  # part of a character: OpenAI writes the bytes
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return text, list(raw)
+
+
+def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
+    """Chat completions' choice.logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}],
+    "refusal": None}."""
+    def one(tid: int, lp: float) -> dict:
+        token, raw = text.of(tid)
+        return {"token": token, "logprob": lp, "bytes": raw}
+
+    return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def legacy_logprobs(entries: list[TokenLogprob], text: TokenText, offset: int = 0) -> dict:
+    """The completions API's choice.logprobs: tokens, token_logprobs, top_logprobs ([{token: logprob}]) and
+    text_offset (each token's first character in the answer: the running length of the token strings, from
+    ``offset``)."""
+    tokens, offsets = [], []
+    for e in entries:
+        offsets.append(offset)
+        token = text.of(e.token)[0]
+        tokens.append(token)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [{text.of(t)[0]: lp for t, lp in e.top} for e in entries], "text_offset": offsets}

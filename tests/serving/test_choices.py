@@ -1,0 +1,70 @@
+"""serving.choices and runtime.logprobs without a model: token strings / bytes of byte-level and Metaspace
+vocabularies, log-probabilities against torch, per-choice stop strings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from coverpruner.runtime.logprobs import token_logprob
+from coverpruner.serving.choices import Answers, End, Finished, Piece, TokenText
+
+TEXT = "héllo wörld, naïve café ✓ 東京 hello world"
+
+
+def _trained(pre, decoder) -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token=None if isinstance(pre, pre_tokenizers.ByteLevel) else "<unk>",
+                               byte_fallback=not isinstance(pre, pre_tokenizers.ByteLevel)))
+    tok.pre_tokenizer, tok.decoder = pre, decoder
+    alphabet = pre_tokenizers.ByteLevel.alphabet() if isinstance(pre, pre_tokenizers.ByteLevel) else []
+    special = [] if alphabet else ["<unk>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tok.train_from_iterator(["hello world", "hello there"] * 20, trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=alphabet, special_tokens=special))
+    return tok
+
+
+def test_byte_level_token_bytes_join_to_the_text():
+    tok = _trained(pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel())
+    ids = tok.encode(TEXT).ids
+    text = TokenText(tok)
+    assert b"".join(bytes(text.of(i)[1]) for i in ids) == TEXT.encode("utf-8")
+    # "東" is three bytes, none merged in training: each token holds part of a character
+    partial = [text.of(i)[0] for i in ids if not bytes(text.of(i)[1]).decode("utf-8", "ignore")]
+    assert partial and all(s.startswith("bytes:\\x") for s in partial)
+
+
+def test_metaspace_tokens_carry_their_space_and_byte_fallback():
+    tok = _trained(pre_tokenizers.Metaspace(), decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()]))
+    ids = tok.encode(TEXT).ids
+    joined = b"".join(bytes(TokenText(tok).of(i)[1]) for i in ids)
+    assert joined.decode("utf-8").strip() == TEXT  # the decoder drops the first word's space
+    assert any(tok.id_to_token(i).startswith("<0x") for i in ids)  # the unseen characters went byte by byte
+
+
+def test_token_logprob_is_log_softmax():
+    rng = np.random.default_rng(0)
+    for scale in (1.0, 30.0):
+        logits = (rng.normal(size=1000) * scale).astype(np.float32)
+        logits[[5, 9]] = logits.max() + 1  # a tie at the top: lower id first
+        ref = torch.log_softmax(torch.from_numpy(logits).double(), -1)
+        got = token_logprob(logits, 9, 5)
+        assert got.logprob == pytest.approx(float(ref[9]), abs=1e-12)
+        want = sorted(range(1000), key=lambda i: (-float(ref[i]), i))[:5]
+        assert [t for t, _ in got.top] == want and want[:2] == [5, 9]
+        assert np.allclose([lp for _, lp in got.top], ref[want].numpy(), rtol=0, atol=1e-12)
+    assert token_logprob(np.zeros(4, np.float32), 2, 0).top == ()
+
+
+def test_answers_cut_each_choice_at_its_stop_string():
+    cut = Answers(["STOP"], 2)
+    out = []
+    for kind, value in [("piece", Piece("aSTO", 0)), ("piece", Piece("bb", 1)), ("piece", Piece("P tail", 0)),
+                        ("piece", Piece("more", 0)), ("finish", Finished(0, "r0")), ("piece", Piece(" c", 1)),
+                        ("done", Finished(1, "r1"))]:
+        out += cut.feed(kind, value)
+    text = {i: "".join(d.text for d in out if not isinstance(d, End) and d.index == i) for i in (0, 1)}
+    ends = {e.index: e for e in out if isinstance(e, End)}
+    assert text == {0: "a", 1: "bb c"}
+    assert ends[0].stopped and not ends[1].stopped and ends[1].result == "r1"
