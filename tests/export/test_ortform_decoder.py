@@ -288,5 +288,5 @@ def test_prompts_with_positions_of_their_own_prefill_alone(qwen):
                  np.repeat(np.arange(len(embeds[2]))[None], 3, axis=0)]
     session = _CountingSession(_session(graph))
     dec = BatchDecoder(session, 4, 64, d["layers"], d["kv_heads"], d["head_dim"], _rotary(graph))
-    _admit_and_check(dec, session,
-                     lambda b, n: _qwen_reference(model, embeds[b][None, :n], positions[b][:, :n]), embeds, positions, 2)
+    _admit_and_check(dec, session, lambda b, n: _qwen_reference(model, embeds[b][None, :n], positions[b][:, :n]),
+                     embeds, positions, 2)
