@@ -80,14 +80,7 @@ class KVSlots:
         binding.bind_cpu_input("rotary_sin", self.sin)
         binding.bind_cpu_input("rotary_row", (slots * self.capacity + self.lengths[slots])[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
-        for i in range(self.num_layers):
-            for j, kind in enumerate(("key", "value")):
-                # a contiguous [count, H_kv, C, hd] view: ORT writes the new rows into it in place
-                value = ort.OrtValue.ortvalue_from_numpy(self.kv[i][j][first:first + count])
-                binding.bind_ortvalue_input(f"past_key_values.{i}.{kind}", value)
-                binding.bind_ortvalue_output(f"present.{i}.{kind}", value)
-        binding.bind_output("logits")
-        self.session.run_with_iobinding(binding)
+        self._run_in_place(binding, first, count)
         self.lengths[slots] = total
         # only logits comes back to numpy: copy_outputs_to_cpu would also copy every bound present buffer,
         # num_layers x 2 x [count, H_kv, C, hd] per call (320 MB a step at batch 8 on LLaVA-1.5-7B widths)
@@ -101,8 +94,8 @@ class KVSlots:
 
         Why one shared rotary table: in a first prompt (sequence_length == total_sequence_length) ONNX Runtime
         1.32's CPU GroupQueryAttention rotates row s of every batch entry with cos/sin row s, whatever
-        position_ids say (measured: KV of a right-padded batch over the per-slot tables of ``write_rows`` is wrong
-        for every entry but one). So the call gets the rows of the longest request's positions, and a group is
+        position_ids say (measured on the LLaVA-1.5-7B-width engine: a right-padded batch of 8 over the per-slot
+        tables of ``write_rows`` wrote keys up to 5.1 off those of the per-request prefills). So the call gets the rows of the longest request's positions, and a group is
         formed only of requests whose positions are a prefix of them (LLaVA's compact 0..S-1 always are). The
         padding rows (S_i .. max S_i - 1 of a shorter request) are written into its slot but lie past its length:
         attention never reads them and its next rows overwrite them."""
@@ -131,14 +124,19 @@ class KVSlots:
         binding.bind_cpu_input("rotary_sin", np.ascontiguousarray(sin))
         # row s of the shared table, under either reading of position_ids ([b, 0] + s, or [b, s])
         binding.bind_cpu_input("rotary_row", np.broadcast_to(np.arange(s, dtype=np.int64), (k, s)).copy())
+        self._run_in_place(binding, first, k)
+        self.lengths[first:first + k] = lens
+
+    def _run_in_place(self, binding, first: int, count: int) -> None:
+        """Bind slots first..first+count-1 as past and present of every layer and run the bound call."""
         for i in range(self.num_layers):
             for j, kind in enumerate(("key", "value")):
-                value = ort.OrtValue.ortvalue_from_numpy(self.kv[i][j][first:first + k])
+                # a contiguous [count, H_kv, C, hd] view: ORT writes the new rows into it in place
+                value = ort.OrtValue.ortvalue_from_numpy(self.kv[i][j][first:first + count])
                 binding.bind_ortvalue_input(f"past_key_values.{i}.{kind}", value)
                 binding.bind_ortvalue_output(f"present.{i}.{kind}", value)
         binding.bind_output("logits")
         self.session.run_with_iobinding(binding)
-        self.lengths[first:first + k] = lens
 
     def move(self, src: int, dst: int) -> None:
         """Copy slot src's cached tokens and rotary rows into slot dst (src is then free)."""
