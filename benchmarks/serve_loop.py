@@ -65,17 +65,23 @@ def _conversation(client, image_url: str, i: int) -> dict:
     messages += [{"role": "assistant", "content": r.choices[0].message.content},
                  {"role": "user", "content": FOLLOW_UP}]
     t0 = time.perf_counter()
+    # ignore_eos: a random-weight model may pick EOS first, and then no content chunk would ever come
     stream = client.chat.completions.create(model="bench", messages=messages, max_tokens=TURN2_TOKENS,
-                                            temperature=0, stream=True, extra_body={"budget": BUDGET},
+                                            temperature=0, stream=True,
+                                            extra_body={"budget": BUDGET, "ignore_eos": True},
                                             stream_options={"include_usage": True})
-    ttft, text, cached = None, "", None
+    ttft, text, cached, end = None, "", None, None
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
             ttft = ttft if ttft is not None else time.perf_counter() - t0
             text += chunk.choices[0].delta.content
+        if chunk.choices and chunk.choices[0].finish_reason and end is None:
+            end = time.perf_counter() - t0
         if chunk.usage is not None and chunk.usage.prompt_tokens_details is not None:
             cached = chunk.usage.prompt_tokens_details.cached_tokens
-    return {"turn1": r.choices[0].message.content, "turn2": text, "ttft_s": ttft, "cached_tokens": cached}
+    # no text at all (tokens that decode to nothing): the answer's end bounds its first token from above
+    return {"turn1": r.choices[0].message.content, "turn2": text, "ttft_s": ttft if ttft is not None else end,
+            "ttft_is_end": ttft is None, "cached_tokens": cached}
 
 
 def ttft(client, image_url: str, conversations: int = 8) -> dict:

@@ -92,6 +92,49 @@ class KVSlots:
         # num_layers x 2 x [count, H_kv, C, hd] per call (320 MB a step at batch 8 on LLaVA-1.5-7B widths)
         return binding.get_outputs()[-1].numpy()[:, -1, :].astype(np.float32, copy=False)  # logits is bound last
 
+    def run_prompts(self, first: int, embeds: list, positions: np.ndarray, extras: list) -> None:
+        """Prefill k empty slots first..first+k-1 in ONE call (GroupQueryAttention's first prompt, right-padded):
+        embeds [(S_i, d) float32], positions int64 [R, max S_i] of the longest, whose first S_i columns are every
+        request's own positions (``shared_prompt_positions``), decoder extras [{name: [S_i, d]} or None].
+        Logits are not returned (the engine leaves each request's last prompt row to the next step).
+
+        Why one shared rotary table: in a first prompt (sequence_length == total_sequence_length) ONNX Runtime
+        1.32's CPU GroupQueryAttention rotates row s of every batch entry with cos/sin row s, whatever
+        position_ids say (measured on the LLaVA-1.5-7B-width engine: a right-padded batch of 8 over per-slot
+        rotary tables wrote keys up to 5.1 off those of the per-request prefills). So the call gets the rows of the
+        longest request's positions, and a group is formed only of requests whose positions are a prefix of them
+        (LLaVA's compact 0..S-1 always are). The
+        padding rows (S_i .. max S_i - 1 of a shorter request) are written into its slot but lie past its length:
+        attention never reads them and its next rows overwrite them."""
+        k, lens = len(embeds), np.array([len(e) for e in embeds], dtype=np.int64)
+        s = int(lens.max())
+        if self.lengths[first:first + k].any() or first + k > self.batch or s > self.capacity:
+            raise ValueError(f"run_prompts needs {k} empty slots from {first} of {s} <= {self.capacity} tokens")
+        padded = np.zeros((k, s, embeds[0].shape[1]), self.dtype)
+        for b, e in enumerate(embeds):
+            padded[b, :len(e)] = e
+        names = {n for x in extras if x for n in x}
+        pad_extras = None
+        if names:
+            pad_extras = {n: np.zeros_like(padded) for n in names}
+            for b, x in enumerate(extras):
+                for n, v in (x or {}).items():
+                    pad_extras[n][b, :len(v)] = v
+        cos, sin = self._rows(positions)
+        binding = self.session.io_binding()
+        binding.bind_cpu_input("inputs_embeds", padded)
+        for name, value in extra_feeds(self.extra_names, pad_extras, padded).items():
+            binding.bind_cpu_input(name, value)
+        binding.bind_cpu_input("seqlens_k", (lens - 1).astype(np.int32))
+        binding.bind_cpu_input("total_sequence_length", np.array(s, dtype=np.int32))
+        self.buffers.bind_rotary(binding, cos, sin)
+        # row s of the shared table, under either reading of position_ids ([b, 0] + s, or [b, s])
+        binding.bind_cpu_input("rotary_row", np.broadcast_to(np.arange(s, dtype=np.int64), (k, s)).copy())
+        self.buffers.bind_kv(binding, first, k, self.names)
+        binding.bind_output("logits")
+        self.session.run_with_iobinding(binding)
+        self.lengths[first:first + k] = lens
+
     def move(self, src: int, dst: int) -> None:
         """Copy slot src's cached tokens into slot dst (src is then free)."""
         n = int(self.lengths[src])
@@ -114,6 +157,18 @@ def _positions(position_ids: np.ndarray) -> np.ndarray:
     """DecoderLoop position_ids [1, S] (rank 1) or [R, 1, S] -> [R, S]."""
     p = np.asarray(position_ids, dtype=np.int64)
     return p if p.ndim == 2 else p[:, 0, :]
+
+
+def shared_prompt_positions(positions: list) -> list[int]:
+    """Which of several prompts (positions int64 [R, S_i] each) can prefill in one KVSlots.run_prompts call: the
+    indices of those whose positions are the first S_i columns of the longest one's (the longest included;
+    ties: the first). Others run alone."""
+    if not positions:
+        return []
+    ref = max(range(len(positions)), key=lambda i: positions[i].shape[1])
+    longest = np.asarray(positions[ref])
+    return [i for i, p in enumerate(positions)
+            if np.array_equal(np.asarray(p), longest[:, :np.asarray(p).shape[1]])]
 
 
 class OrtFormDecoderSession:
@@ -218,10 +273,11 @@ class BatchDecoder:
         beside the others' tokens, whose logits start its answer: admission costs no pass of its own beyond
         these rows, and a request with a restored prefix up to its last row runs none.
 
-        Each request's rows run alone (batch 1): ONNX Runtime's GroupQueryAttention (1.32, CPU) takes several rows
-        of several requests in one call only as a right-padded first prompt (every slot empty; otherwise "batch_size
-        must be 1 when sequence_length > 1 and past context is given"), and there, measured, a request gets wrong
-        logits unless the first request is the longest, and with M-RoPE positions (Qwen2.5-VL) even then.
+        Requests that start from an empty slot prefill together in one right-padded call (KVSlots.run_prompts)
+        when their positions are prefixes of the longest one's (_prompt_group); the others (a restored prefix,
+        or positions of their own, e.g. two M-RoPE images of different grids) run alone, batch 1: ONNX Runtime's
+        GroupQueryAttention (1.32, CPU) takes several rows of several requests in one call only as a first prompt
+        (otherwise "batch_size must be 1 when sequence_length > 1 and past context is given").
         ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted then)."""
         k = len(inputs)
         prefixes = list(prefixes) if prefixes is not None else [None] * k
@@ -233,19 +289,38 @@ class BatchDecoder:
         need = max(st + len(e) + 1 for st, (e, _, _) in zip(starts, inputs))
         if need > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
-        handles = []
-        for (embeds, positions, extras), prefix in zip(inputs, prefixes):
+        handles = list(range(self._next, self._next + k))
+        self._next += k
+        together = self._prompt_group(inputs, prefixes)
+        if together:  # they take the next slots, contiguous: one call
+            first = len(self._order)
+            for i in together:
+                self._slots.lengths[len(self._order)] = 0
+                self._order.append(handles[i])
+            longest = max(together, key=lambda i: len(inputs[i][0]))
+            self._slots.run_prompts(first, [np.asarray(inputs[i][0]) for i in together],
+                                    inputs[longest][1], [inputs[i][2] for i in together])
+        for i, ((embeds, positions, extras), prefix) in enumerate(zip(inputs, prefixes)):
+            if i in together:
+                continue
             slot = len(self._order)
             self._slots.lengths[slot] = 0
+            self._order.append(handles[i])
             if prefix is not None:
                 self._slots.restore(slot, prefix)
             if len(embeds):
                 self._slots.run(slot, 1, np.asarray(embeds)[None], [positions],
                                 {k: v[None] for k, v in extras.items()} if extras else None)
-            handles.append(self._next)
-            self._order.append(self._next)
-            self._next += 1
         return handles
+
+    @staticmethod
+    def _prompt_group(inputs: list, prefixes: list) -> list[int]:
+        """The requests admit prefills in one batched call: those that start from an empty slot (no restored
+        prefix: GroupQueryAttention batches several rows only as a first prompt) with at least one row, and whose
+        positions are prefixes of the longest one's (shared_prompt_positions); [] when fewer than two qualify."""
+        empty = [i for i, ((e, _, _), p) in enumerate(zip(inputs, prefixes)) if p is None and len(e)]
+        group = [empty[j] for j in shared_prompt_positions([inputs[i][1] for i in empty])]
+        return group if len(group) > 1 else []
 
     def snapshot(self, handle: int) -> KVSnapshot:
         """Host copies of request ``handle``'s cached tokens: per layer key and value [1, H_kv, P, hd]."""

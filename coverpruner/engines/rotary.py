@@ -1,10 +1,10 @@
 """Host-side rotary rows for the ORT-form decoder (numpy only).
 
 GroupQueryAttention (do_rotary=1) rotates query row s of batch entry b with row `position_ids[b, 0] + s` of
-its cos/sin cache. We feed, instead of a cache indexed by position, the rows of exactly the tokens of the
-call, so any position layout works: 1-D (LLaVA, re-packed), M-RoPE 3-D (Qwen2.5-VL: each half-dim section
-takes its frequencies from the T, H or W position; Qwen3-VL: T/H/W interleaved slot by slot), gaps left by
-pruning.
+its cos/sin cache (in a first prompt, with row s whatever position_ids say: KVSlots.run_prompts). We feed,
+instead of a cache indexed by position, the rows of exactly the tokens of the call, so any position layout
+works: 1-D (LLaVA, re-packed), M-RoPE 3-D (Qwen2.5-VL: each half-dim section takes its frequencies from the T,
+H or W position; Qwen3-VL: T/H/W interleaved slot by slot), gaps left by pruning.
 """
 
 from __future__ import annotations

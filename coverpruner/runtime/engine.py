@@ -11,8 +11,9 @@ One ``step`` is schedule -> run -> update, each a small named function:
     admit       queued requests take the free slots: their stages (native sequence, select: per request),
                 ``plan_prefill`` (pruned rows, positions, the longest cached prefix of their row identities),
                 then ``feed_prefill``: each one's prefix restored into its slot and the rows after it (one
-                forward at batch 1; in a batch all rows but the last, BatchDecoder.admit, since ONNX Runtime's
-                attention runs several rows of a request only at batch 1)
+                forward at batch 1; in a batch all rows but the last, BatchDecoder.admit: the requests that start
+                from an empty slot in one right-padded call, a request with a restored prefix alone, since ONNX
+                Runtime's attention runs several rows of several requests only as a first prompt)
     decode      ONE decoder call (``feed_decode``): a token for every running request and, in a batch, the last
                 prompt row of every request admitted in this step (vLLM's chunked prefill: the last chunk, one
                 row, rides beside the decodes), whose logits give those requests their first tokens

@@ -229,3 +229,64 @@ def test_requests_admitted_together_start_in_one_step_as_each_alone(qwen):
     one.forward(embeds[1][None, :38], positions[1][:, None, :38])
     np.testing.assert_allclose(snap.keys[0], one.snapshot().keys[0], atol=ATOL, rtol=0)
     assert snap.length == 38
+
+
+class _CountingSession:
+    """The decoder session, counting its runs (how many calls an admission takes)."""
+
+    def __init__(self, session):
+        self.session, self.runs = session, 0
+
+    def get_inputs(self):
+        return self.session.get_inputs()
+
+    def io_binding(self):
+        return self.session.io_binding()
+
+    def run_with_iobinding(self, binding):
+        self.runs += 1
+        return self.session.run_with_iobinding(binding)
+
+
+def _admit_and_check(dec, session, reference, embeds, positions, calls):
+    """Admit every request without its last row (``calls`` decoder runs), then two steps; each request's logits
+    must equal ``reference(b, n)`` (transformers on its first n rows)."""
+    lengths = [len(e) - 2 for e in embeds]
+    handles = dec.admit([(e[:n - 1], p[:, :n - 1]) for e, p, n in zip(embeds, positions, lengths)])
+    assert session.runs == calls and [dec.length(h) for h in handles] == [n - 1 for n in lengths]
+    for k in (0, 1):
+        got = dec.step({h: (embeds[b][n - 1 + k], positions[b][:, n - 1 + k])
+                        for b, (h, n) in enumerate(zip(handles, lengths))})
+        for b, n in enumerate(lengths):
+            np.testing.assert_allclose(got[handles[b]], reference(b, n + k), atol=ATOL, rtol=0)
+
+
+def test_empty_requests_prefill_in_one_padded_call_as_each_alone(llava):
+    """Three requests from empty slots, the longest not first: ONE decoder call prefills them (right-padded first
+    prompt, KVSlots.run_prompts), and their answers start as transformers' on each one's own sequence."""
+    from coverpruner.engines.ort_form_decoder import BatchDecoder
+
+    model, graph, d = llava
+    rng = np.random.default_rng(7)
+    embeds = [(rng.standard_normal((n + 2, d["hidden"])) * 0.5).astype(np.float32) for n in (12, 31, 5)]
+    positions = [np.arange(len(e))[None] for e in embeds]
+    session = _CountingSession(_session(graph))
+    dec = BatchDecoder(session, 4, 64, d["layers"], d["kv_heads"], d["head_dim"], _rotary(graph))
+    _admit_and_check(dec, session, lambda b, n: _llava_reference(model, embeds[b][None, :n]), embeds, positions, 1)
+
+
+def test_prompts_with_positions_of_their_own_prefill_alone(qwen):
+    """M-RoPE: two requests whose positions are prefixes of one layout share a call; a third whose positions
+    differ (text-only T=H=W) runs alone (one shared rotary table cannot serve both): 2 calls, answers as
+    transformers'."""
+    from coverpruner.engines.ort_form_decoder import BatchDecoder
+
+    model, graph, d = qwen
+    rng = np.random.default_rng(8)
+    embeds = [(rng.standard_normal((n + 2, d["hidden"])) * 0.5).astype(np.float32) for n in (20, 33, 26)]
+    positions = [_qwen_positions(len(embeds[0])), _qwen_positions(len(embeds[1])),
+                 np.repeat(np.arange(len(embeds[2]))[None], 3, axis=0)]
+    session = _CountingSession(_session(graph))
+    dec = BatchDecoder(session, 4, 64, d["layers"], d["kv_heads"], d["head_dim"], _rotary(graph))
+    _admit_and_check(dec, session, lambda b, n: _qwen_reference(model, embeds[b][None, :n], positions[b][:, :n]),
+                     embeds, positions, 2)
