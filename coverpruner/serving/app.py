@@ -27,6 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
+from coverpruner.runtime.messages import check_part_count
+from coverpruner.serving import json_body
 from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
 from coverpruner.serving.memory import release_freed_memory
@@ -356,14 +358,24 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
 
 async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
                  ) -> ChatCompletionRequest:
+    # parsed and validated in a worker thread, in short C calls (serving/json_body.py): the loop keeps answering
+    return await run_in_threadpool(_decode, await _read_body(request, limit, timeout_s))
+
+
+def _decode(raw: bytes) -> ChatCompletionRequest:
     try:
-        body = json.loads(await _read_body(request, limit, timeout_s))
+        body = json_body.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
     except RecursionError:
         raise bad_request("request body is nested too deeply", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object", None, "invalid_json")
+    if isinstance(body.get("messages"), list):  # before pydantic walks every part
+        try:
+            check_part_count(body["messages"])
+        except CoverPrunerError as exc:
+            raise from_pipeline_error(exc, BODY_NAMES) from None
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:

@@ -1,0 +1,91 @@
+"""Parse a request body without holding the event loop: JSON in small C calls, parts counted before validation.
+
+``json.loads`` is one C call that holds the GIL for the whole body: 100,000 one-letter text parts (3 MB) took
+~0.1-0.6 s of it, and every other thread, the event loop included (/health), waited that long, even with the parse
+in a worker thread. ``loads`` gives the same value as ``json.loads`` (same scanner, same errors as
+json.JSONDecodeError) but walks the outer ``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands
+each deeper value to the C scanner on its own: every C call is one content part or one string, so the GIL is
+released between them (sys.getswitchinterval) and the loop keeps answering. The server then counts the content
+parts (runtime.messages.check_part_count) so a request over MAX_PARTS is refused before pydantic validates every
+part (another single long call).
+"""
+
+from __future__ import annotations
+
+import json
+import json.decoder
+
+#: containers this deep (body -> messages -> message -> content) are walked in Python; deeper values are one C call
+MAX_PYTHON_DEPTH = 4
+
+_DECODER = json.JSONDecoder()
+_SCAN = _DECODER.scan_once  # the C scanner json.loads uses (the pure-Python one where the C module is absent)
+_WHITESPACE = json.decoder.WHITESPACE  # json's own pattern: a run of whitespace is one C call
+
+
+def _skip(s: str, i: int) -> int:
+    return _WHITESPACE.match(s, i).end()
+
+
+def _error(msg: str, s: str, i: int) -> json.JSONDecodeError:
+    return json.JSONDecodeError(msg, s, i)
+
+
+def _value(s: str, i: int, depth: int):
+    """-> (value, index after it); containers above MAX_PYTHON_DEPTH walked here, the rest by the C scanner."""
+    if i < len(s) and s[i] in "[{" and depth < MAX_PYTHON_DEPTH:
+        return (_object if s[i] == "{" else _array)(s, i + 1, depth + 1)
+    try:
+        return _SCAN(s, i)
+    except StopIteration as exc:
+        raise _error("Expecting value", s, exc.value) from None
+
+
+def _array(s: str, i: int, depth: int):
+    out = []
+    i = _skip(s, i)
+    if i < len(s) and s[i] == "]":
+        return out, i + 1
+    while True:
+        value, i = _value(s, _skip(s, i), depth)
+        out.append(value)
+        i = _skip(s, i)
+        if i < len(s) and s[i] == "]":
+            return out, i + 1
+        if i >= len(s) or s[i] != ",":
+            raise _error("Expecting ',' delimiter", s, i)
+        i += 1
+
+
+def _object(s: str, i: int, depth: int):
+    out = {}
+    i = _skip(s, i)
+    if i < len(s) and s[i] == "}":
+        return out, i + 1
+    while True:
+        if i >= len(s) or s[i] != '"':
+            raise _error("Expecting property name enclosed in double quotes", s, i)
+        key, i = json.decoder.scanstring(s, i + 1)
+        i = _skip(s, i)
+        if i >= len(s) or s[i] != ":":
+            raise _error("Expecting ':' delimiter", s, i)
+        out[key], i = _value(s, _skip(s, i + 1), depth)
+        i = _skip(s, i)
+        if i < len(s) and s[i] == "}":
+            return out, i + 1
+        if i >= len(s) or s[i] != ",":
+            raise _error("Expecting ',' delimiter", s, i)
+        i = _skip(s, i + 1)
+
+
+def loads(raw: bytes | str):
+    """json.loads(raw) in short C calls (module doc). UnicodeDecodeError / json.JSONDecodeError / RecursionError
+    as json.loads raises them."""
+    s = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
+    if s.startswith("\ufeff"):
+        raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", s, 0)
+    value, i = _value(s, _skip(s, 0), 0)
+    i = _skip(s, i)
+    if i != len(s):
+        raise _error("Extra data", s, i)
+    return value
