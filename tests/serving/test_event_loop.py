@@ -2,8 +2,12 @@
 
 /health is answered by the event loop alone, so its latency while a hostile request is in flight measures whether
 anything of that request runs on the loop for long. Each hostile request is sent from a thread while /health is
-polled every 20 ms; the slowest /health must be under 100 ms (the issue's bound: a correctness property of the
-loop, not a speed target; on this machine they took 2-20 ms under load, a blocked loop takes seconds). Hostile
+polled every 20 ms; the slowest /health must be under 100 ms of this machine's time (the issue's bound: a
+correctness property of the loop, not a speed target). On a machine shared with other jobs a process gets only a
+share of a core, which stretches every wall time alike, so the bound is scaled by that stretch, measured just before
+each case as wall / thread CPU time of a 50 ms pure-Python spin (1 on an idle machine, ~4 on this 2-core box under
+its usual load): a loop blocked for 0.25 s of CPU (json.loads + pydantic of 100,000 parts, as it was) still fails it.
+Hostile
 requests (the issue's list): 100,000 text parts, 1,000 stop strings of 10 KB, a body that never ends (slowloris),
 a remote image whose server drips its headers, a stream matched against 16 adversarial 1 KB stop strings (the
 matcher's worst case inside the limits) and, on the Qwen2.5-VL server, a 64-frame 2048x2048 video.
@@ -50,6 +54,14 @@ def hostile_server(ort_export):
 
 def _body(content, **extra) -> dict:
     return {"model": "tiny", "max_tokens": 2, **extra, "messages": [{"role": "user", "content": content}]}
+
+
+def _stretch() -> float:
+    """Wall seconds per CPU second of this thread right now (>= 1): how much the machine's load stretches time."""
+    t0, c0 = time.perf_counter(), time.thread_time()
+    while time.thread_time() - c0 < 0.05:
+        pass
+    return max(1.0, (time.perf_counter() - t0) / (time.thread_time() - c0))
 
 
 def _slowest_health(base: str, send) -> tuple[float, object]:
@@ -134,8 +146,9 @@ def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dri
         "a header-dripping remote image": lambda: post(hostile_server, remote, timeout=60)[0],
         "16 adversarial 1 KB stop strings, streamed": lambda: _stream_with_stops(hostile_server, adversarial),
     }
-    slowest = {}
+    slowest, bound = {}, {}
     for name, send in cases.items():
+        bound[name] = HEALTH_BOUND_S * _stretch()
         slowest[name], result = _slowest_health(hostile_server, send)
         if name.startswith("16"):
             assert result[-1] == "data: [DONE]", result[-3:]
@@ -143,8 +156,8 @@ def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dri
             assert result.startswith("HTTP/1.1 408"), result
         else:
             assert 400 <= result < 500, (name, result)
-    print("slowest /health (s):", {k: round(v, 4) for k, v in slowest.items()})
-    assert max(slowest.values()) < HEALTH_BOUND_S, slowest
+    print("slowest /health (s) / bound:", {k: (round(v, 3), round(bound[k], 3)) for k, v in slowest.items()})
+    assert all(slowest[k] < bound[k] for k in cases), (slowest, bound)
 
 
 @pytest.mark.skipif(not __import__("importlib").util.find_spec("av"), reason="the hostile video needs PyAV")
@@ -156,8 +169,10 @@ def test_health_stays_fast_while_a_huge_video_is_refused(qwen_export):
     app = create_app(ServerConfig(str(qwen_export), workers=1, threads=1, model_name="tiny", max_batch=1,
                                   max_video_bytes=4 * 2 ** 20))
     with serve_app(app) as url:
+        bound = HEALTH_BOUND_S * _stretch()
         slowest, status = _slowest_health(url, lambda: post(url, body(video), timeout=60)[0])
-    assert 400 <= status < 500 and slowest < HEALTH_BOUND_S, (status, slowest)
+    print(f"slowest /health during the video: {slowest:.3f} s (bound {bound:.3f})")
+    assert 400 <= status < 500 and slowest < bound, (status, slowest, bound)
 
 
 # -- a deadline passing mid-decode in a batch ------------------------------------------------------
