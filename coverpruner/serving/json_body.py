@@ -21,6 +21,7 @@ MAX_PYTHON_DEPTH = 4
 _DECODER = json.JSONDecoder()
 _SCAN = _DECODER.scan_once  # the C scanner json.loads uses (the pure-Python one where the C module is absent)
 _WHITESPACE = json.decoder.WHITESPACE  # json's own pattern: a run of whitespace is one C call
+_WS_CHARS = frozenset(" \t\n\r")
 
 
 def _skip(s: str, i: int) -> int:
@@ -43,18 +44,31 @@ def _value(s: str, i: int, depth: int):
 
 def _array(s: str, i: int, depth: int):
     out = []
-    i = _skip(s, i)
-    if i < len(s) and s[i] == "]":
+    append, scan, ws, deeper = out.append, _SCAN, _WHITESPACE.match, depth < MAX_PYTHON_DEPTH
+    i = ws(s, i).end()
+    if s[i:i + 1] == "]":
         return out, i + 1
-    while True:
-        value, i = _value(s, _skip(s, i), depth)
-        out.append(value)
-        i = _skip(s, i)
-        if i < len(s) and s[i] == "]":
+    while True:  # the hot loop (one turn per content part): locals only
+        if deeper and s[i:i + 1] in ("[", "{"):
+            value, i = _value(s, i, depth)
+        else:
+            try:
+                value, i = scan(s, i)
+            except StopIteration as exc:
+                raise _error("Expecting value", s, exc.value) from None
+        append(value)
+        c = s[i:i + 1]
+        if c in _WS_CHARS:
+            i = ws(s, i).end()
+            c = s[i:i + 1]
+        if c == ",":
+            i += 1
+            if s[i:i + 1] in _WS_CHARS:
+                i = ws(s, i).end()
+            continue
+        if c == "]":
             return out, i + 1
-        if i >= len(s) or s[i] != ",":
-            raise _error("Expecting ',' delimiter", s, i)
-        i += 1
+        raise _error("Expecting ',' delimiter", s, i)
 
 
 def _object(s: str, i: int, depth: int):

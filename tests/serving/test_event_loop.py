@@ -10,7 +10,8 @@ its usual load): a loop blocked for 0.25 s of CPU (json.loads + pydantic of 100,
 Hostile
 requests (the issue's list): 100,000 text parts, 1,000 stop strings of 10 KB, a body that never ends (slowloris),
 a remote image whose server drips its headers, a stream matched against 16 adversarial 1 KB stop strings (the
-matcher's worst case inside the limits) and, on the Qwen2.5-VL server, a 64-frame 2048x2048 video.
+matcher's worst case inside the limits); the 64-frame 2048x2048 video is in test_video_admission.py (its server and
+clip), measured the same way (``slowest_health``, ``stretch``).
 
 Deadline (--request-timeout) on the batched worker pool: two requests whose deadline passes mid-decode (one
 streamed) end with a 504 JSON body / an error event then [DONE]; the batch is then empty and the next request is
@@ -33,7 +34,7 @@ from tests.serving.http_raw import assert_openai_error, get, post
 pytestmark = pytest.mark.slow
 
 HEALTH_BOUND_S = 0.100
-LONG = 4096  # past the batch's 512 KV tokens per request: the answer runs to the end of its slot
+LONG = 400  # tokens of the long answer (ignore_eos): ~1-5 s on the tiny model
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def _body(content, **extra) -> dict:
     return {"model": "tiny", "max_tokens": 2, **extra, "messages": [{"role": "user", "content": content}]}
 
 
-def _stretch() -> float:
+def stretch() -> float:
     """Wall seconds per CPU second of this thread right now (>= 1): how much the machine's load stretches time."""
     t0, c0 = time.perf_counter(), time.thread_time()
     while time.thread_time() - c0 < 0.05:
@@ -64,7 +65,7 @@ def _stretch() -> float:
     return max(1.0, (time.perf_counter() - t0) / (time.thread_time() - c0))
 
 
-def _slowest_health(base: str, send) -> tuple[float, object]:
+def slowest_health(base: str, send) -> tuple[float, object]:
     """Run send() in a thread; poll /health every 20 ms while it runs (at least 3 times) -> (slowest s, result)."""
     out = {}
     worker = threading.Thread(target=lambda: out.update(r=send()), daemon=True)
@@ -148,8 +149,8 @@ def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dri
     }
     slowest, bound = {}, {}
     for name, send in cases.items():
-        bound[name] = HEALTH_BOUND_S * _stretch()
-        slowest[name], result = _slowest_health(hostile_server, send)
+        bound[name] = HEALTH_BOUND_S * stretch()
+        slowest[name], result = slowest_health(hostile_server, send)
         if name.startswith("16"):
             assert result[-1] == "data: [DONE]", result[-3:]
         elif name.startswith("a never"):
@@ -158,21 +159,6 @@ def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dri
             assert 400 <= result < 500, (name, result)
     print("slowest /health (s) / bound:", {k: (round(v, 3), round(bound[k], 3)) for k, v in slowest.items()})
     assert all(slowest[k] < bound[k] for k in cases), (slowest, bound)
-
-
-@pytest.mark.skipif(not __import__("importlib").util.find_spec("av"), reason="the hostile video needs PyAV")
-def test_health_stays_fast_while_a_huge_video_is_refused(qwen_export):
-    from coverpruner.serving import ServerConfig, create_app
-    from tests.serving.test_video_admission import body, plain_video
-
-    video = plain_video(64, 2048, 2048)
-    app = create_app(ServerConfig(str(qwen_export), workers=1, threads=1, model_name="tiny", max_batch=1,
-                                  max_video_bytes=4 * 2 ** 20))
-    with serve_app(app) as url:
-        bound = HEALTH_BOUND_S * _stretch()
-        slowest, status = _slowest_health(url, lambda: post(url, body(video), timeout=60)[0])
-    print(f"slowest /health during the video: {slowest:.3f} s (bound {bound:.3f})")
-    assert 400 <= status < 500 and slowest < bound, (status, slowest, bound)
 
 
 # -- a deadline passing mid-decode in a batch ------------------------------------------------------
@@ -185,10 +171,11 @@ def test_deadline_mid_decode_is_504_and_frees_the_batch_slots(ort_export):
     from coverpruner.serving import ServerConfig, create_app
 
     app = create_app(ServerConfig(str(ort_export), workers=1, threads=1, model_name="tiny", max_batch=2,
-                                  batch_context=512, request_timeout_s=None))
+                                  batch_context=1024, request_timeout_s=None))
     with serve_app(app) as url:
-        status, data, full_s = post(url, _long(), timeout=120)  # the whole answer: no deadline yet
-        assert status == 200 and data["usage"]["completion_tokens"] > 300, data
+        runs = [post(url, _long(), timeout=120) for _ in range(2)]  # the whole answer, no deadline yet: the faster
+        assert all(r[0] == 200 and r[1]["usage"]["completion_tokens"] == LONG for r in runs), runs
+        full_s = min(r[2] for r in runs)
         config = app.state.server.config
         config.request_timeout_s = full_s / 5  # read per request (_answer); both slots' requests pass it mid-decode
         streamed = {}
