@@ -3,9 +3,10 @@
 ``json.loads`` is one C call that holds the GIL for the whole body: 100,000 one-letter text parts (3 MB) took
 ~0.1-0.6 s of it, and every other thread, the event loop included (/health), waited that long, even with the parse
 in a worker thread. ``loads`` gives the same value as ``json.loads`` (same scanner, same errors as
-json.JSONDecodeError) but walks the outer ``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands
-each deeper value to the C scanner on its own: every C call is one content part or one string, so the GIL is
-released between them (sys.getswitchinterval) and the loop keeps answering. The server then counts the content
+json.JSONDecodeError); a body of many objects and arrays (above FAST_CONTAINERS) it walks the outer
+``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands each deeper value to the C scanner on its
+own: every C call is one content part or one string, so the GIL is released between them (sys.getswitchinterval)
+and the loop keeps answering (at ~3x json.loads' CPU: 100,000 parts ~0.3 s of a worker thread). The server then counts the content
 parts (runtime.messages.check_part_count) so a request over MAX_PARTS is refused before pydantic validates every
 part (another single long call).
 """
@@ -15,6 +16,10 @@ from __future__ import annotations
 import json
 import json.decoder
 
+#: a body with at most this many '{' and '[' bytes is parsed by json.loads in one C call: <= ~30 ms of GIL (a legit
+#: request: MAX_PARTS = 4,096 parts of <= 2 objects each, its messages, tools); above it the walk below (a body far
+#: over the limits, refused anyway: a few microseconds per value in a thread, releasing the GIL between values)
+FAST_CONTAINERS = 32_768
 #: containers this deep (body -> messages -> message -> content) are walked in Python; deeper values are one C call
 MAX_PYTHON_DEPTH = 4
 
@@ -93,8 +98,11 @@ def _object(s: str, i: int, depth: int):
 
 
 def loads(raw: bytes | str):
-    """json.loads(raw) in short C calls (module doc). UnicodeDecodeError / json.JSONDecodeError / RecursionError
-    as json.loads raises them."""
+    """json.loads(raw), in short C calls when the body holds more than FAST_CONTAINERS objects and arrays (module
+    doc). UnicodeDecodeError / json.JSONDecodeError / RecursionError as json.loads raises them."""
+    text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if text.count(b"{") + text.count(b"[") <= FAST_CONTAINERS:  # counts include brackets inside strings: an upper bound
+        return json.loads(raw)
     s = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes) else raw
     if s.startswith("\ufeff"):
         raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", s, 0)
