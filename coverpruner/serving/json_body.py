@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import json.decoder
 
-#: a body with at most this many '{' and '[' bytes is parsed by json.loads in one C call: <= ~30 ms of GIL (a legit
-#: request: MAX_PARTS = 4,096 parts of <= 2 objects each, its messages, tools); above it the walk below (a body far
-#: over the limits, refused anyway: a few microseconds per value in a thread, releasing the GIL between values)
-FAST_CONTAINERS = 32_768
+#: a body with at most this many '{' and '[' bytes is parsed by json.loads in one C call: ~0.85 us per container on
+#: the 2-core dev box, so <= ~0.1 s of GIL (a legit request: MAX_PARTS = 4,096 parts of <= 2 objects each, its
+#: messages, tools, is far below; 100,000 one-letter parts take 0.085 s and get their 4xx in ~0.3 s, where the walk
+#: took 1-1.5 s on the loaded box); above it the walk below: a body far over every limit, refused anyway, parsed at a
+#: few microseconds per value in a worker thread that releases the GIL between values
+FAST_CONTAINERS = 131_072
 #: containers this deep (body -> messages -> message -> content) are walked in Python; deeper values are one C call
 MAX_PYTHON_DEPTH = 4
 
