@@ -95,12 +95,17 @@ class VisionInputs:
     family). num_candidates: n, the selection candidates of this image (per request).
     panels: geometry for the selection picture. facts: family-private per-request facts (original size,
     tile grid, grid_thw, ...) that image_span / native_positions read back.
+    chunks: optional feeds of bounded parts of the same input (a video's temporal patches) whose outputs,
+    concatenated along their first axis in order, are the outputs of ``feeds``; the runtime then runs these one
+    after the other instead (peak memory of one part, not of the whole: the attention cost is quadratic in the
+    patches of one run). ``feeds`` stays the input's identity (its hash keys the vision cache).
     """
 
     feeds: dict[str, np.ndarray]
     num_candidates: int
     panels: tuple[GridPanel, ...] = ()
     facts: dict = field(default_factory=dict)
+    chunks: tuple[dict[str, np.ndarray], ...] = ()
 
 
 @dataclass(frozen=True)

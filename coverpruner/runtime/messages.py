@@ -105,16 +105,23 @@ def _video(part: dict, where: str) -> VideoInput:
 MAX_PARTS = 4096
 
 
+def check_part_count(messages) -> None:
+    """PromptError too_many_parts when ``messages`` (a list) hold more than MAX_PARTS content parts: checked before
+    any per-part work (tokenizing and positions grow with the part count; the server checks it before validating
+    the body's fields)."""
+    parts = sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) else 1
+                for m in messages)
+    if parts > MAX_PARTS:
+        raise PromptError(f"messages hold {parts} content parts (a string content counts as one); at most {MAX_PARTS} per request",
+                          code="too_many_parts", param="messages")
+
+
 def normalize(messages, max_images: int | None = None) -> Conversation:
     """OpenAI messages -> Conversation. PromptError (one line) for a malformed message or more than
     ``max_images`` images; the images themselves are read later, by the family."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role', 'content'} objects")
-    parts = sum(len(m["content"]) if isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) else 1
-                for m in messages)
-    if parts > MAX_PARTS:  # before any per-part work: tokenizing and positions grow with the part count
-        raise PromptError(f"messages hold {parts} content parts (a string content counts as one); at most {MAX_PARTS} per request",
-                          code="too_many_parts", param="messages")
+    check_part_count(messages)
     out, images = [], []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:

@@ -32,7 +32,7 @@ import numpy as np
 from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, REQUIRED_GRAPHS, IntegrityCheck, Manifest, graph_spec,
                                     load_manifest, position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
-from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
+from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type, shrink_arena_options
 from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
@@ -272,9 +272,24 @@ class Pipeline:
         return "numpy" if self.provider == "cpu" and n > FLOAT64_MAX_N else "onnx"
 
     # -- stages -----------------------------------------------------------------------------
-    def vision(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The vision graph on the family's feeds -> its outputs by name (batch axis included)."""
-        return dict(zip(self.vision_outputs, self.sessions["vision"].run(self.vision_outputs, feeds)))
+    def vision(self, feeds: dict[str, np.ndarray], shrink: bool = False) -> dict[str, np.ndarray]:
+        """The vision graph on the family's feeds -> its outputs by name (batch axis included). shrink: ONNX
+        Runtime's arena gives its unused memory back after the run (ORT sessions only)."""
+        session = self.sessions["vision"]
+        options = shrink_arena_options(session, self.provider) if shrink else None
+        if options is None:
+            return dict(zip(self.vision_outputs, session.run(self.vision_outputs, feeds)))
+        return dict(zip(self.vision_outputs, session.run(self.vision_outputs, feeds, options)))
+
+    def vision_of(self, vision) -> dict[str, np.ndarray]:
+        """The vision outputs of one prepared input (families.contract.VisionInputs): its ``chunks`` one run after
+        the other, outputs concatenated along their first axis (a video: peak memory of one chunk; the arena
+        shrunk after the last), else one run over its ``feeds``."""
+        if not vision.chunks:
+            return self.vision(vision.feeds)
+        last = len(vision.chunks) - 1
+        parts = [self.vision(feeds, shrink=i == last) for i, feeds in enumerate(vision.chunks)]
+        return {name: np.concatenate([p[name] for p in parts]) for name in self.vision_outputs}
 
     def embed(self, ids: np.ndarray) -> np.ndarray:
         """int64 [S] -> inputs_embeds [S,d]."""
@@ -502,7 +517,7 @@ class Pipeline:
             t = time.perf_counter()
             outputs = cache.get_vision(digest) if cache.enabled else None
             if outputs is None:
-                outputs = self.vision(vision.feeds)
+                outputs = self.vision_of(vision)
                 cache.put_vision(digest, outputs)
             spans.append(self._image_span(outputs, vision, request.options))
             times["vision"] += time.perf_counter() - t

@@ -31,6 +31,8 @@ from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
 from coverpruner.serving.choices import End, TokenText, chat_logprobs
+from coverpruner.runtime.messages import check_part_count
+from coverpruner.serving import json_body
 from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
 from coverpruner.serving.memory import release_freed_memory
@@ -381,9 +383,14 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
 
 
 async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> dict:
-    """The body as a JSON object; 400 invalid_json otherwise."""
+    """The body as a JSON object; 400 invalid_json otherwise. Parsed in a worker thread, in short C calls
+    (serving/json_body.py): the event loop keeps answering while a huge body is parsed."""
+    return await run_in_threadpool(_json_object, await _read_body(request, limit, timeout_s))
+
+
+def _json_object(raw: bytes) -> dict:
     try:
-        body = json.loads(await _read_body(request, limit, timeout_s))
+        body = json_body.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
     except RecursionError:
@@ -395,11 +402,17 @@ async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
 
 async def _parse(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S
                  ) -> ChatCompletionRequest:
-    return validate_chat(await _read_json(request, limit, timeout_s))
+    # validated in a worker thread too: pydantic over 100,000 parts would hold the loop
+    return await run_in_threadpool(validate_chat, await _read_json(request, limit, timeout_s))
 
 
 def validate_chat(body: dict) -> ChatCompletionRequest:
     """A JSON object -> ChatCompletionRequest; 400 naming the first offending field."""
+    if isinstance(body.get("messages"), list):  # before pydantic walks every part
+        try:
+            check_part_count(body["messages"])
+        except CoverPrunerError as exc:
+            raise from_pipeline_error(exc, BODY_NAMES) from None
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:

@@ -95,6 +95,17 @@ def test_huge_video_is_refused_from_its_header_fast_and_cheaply(video_server, hu
     assert rss_bytes(pid) - rss0 < 100 * 2 ** 20
 
 
+def test_health_stays_fast_while_the_huge_video_is_refused(video_server, huge_video):
+    """Issue 29: /health under 100 ms (scaled by the machine's stretch, test_event_loop.py says why) while the
+    64-frame 2048x2048 video is probed and refused."""
+    from tests.serving.test_event_loop import HEALTH_BOUND_S, slowest_health, stretch
+
+    url, _ = video_server
+    bound = HEALTH_BOUND_S * stretch()
+    slowest, status = slowest_health(url, lambda: post(url, body(huge_video), timeout=60)[0])
+    assert 400 <= status < 500 and slowest < bound, (status, slowest, bound)
+
+
 def test_context_and_pixel_bound_are_each_checked_before_decoding(qwen_export, huge_video, video_server):
     """Pipeline.chat_request alone (no decode): with no pixel bound the 64 frames' 4,608 tokens exceed the context of
     2,048 (context_length_exceeded); 2 frames under a bound one pixel short of them are video_too_large; a small

@@ -11,10 +11,12 @@ from coverpruner.families.qwen2_5_vl.positions import decode_position, native_po
 from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen2_5_vl.video import (DEFAULT_MAX_VIDEO_FRAMES, preprocess_qwen_video, sampled_frames,
                                                    video_cost)
-from coverpruner.families.qwen2_5_vl.vision import vision_inputs
+from coverpruner.families.qwen2_5_vl.vision import temporal_chunks, vision_inputs
 
 IMAGE_TOKEN = "<|image_pad|>"
 VIDEO_TOKEN = "<|video_pad|>"
+#: temporal patches (frame pairs) per vision run of a video: 1 keeps a video's vision peak at one frame pair's
+VIDEO_CHUNK_TEMPORAL = 1
 
 
 class QwenRuntime(HFRuntime):
@@ -71,8 +73,10 @@ class QwenRuntime(HFRuntime):
                              "to take video")
         limit = options.get("max_video_frames") or DEFAULT_MAX_VIDEO_FRAMES
         vid = preprocess_qwen_video(video, self.settings, limit, where=video.where)
-        feeds = vision_inputs(vid.pixel_values.astype(self.float_dtype, copy=False), vid.grid_thw, self.merge,
-                              self.window, self.patch)
+        pixels = vid.pixel_values.astype(self.float_dtype, copy=False)
+        feeds = vision_inputs(pixels, vid.grid_thw, self.merge, self.window, self.patch)
+        # one temporal patch per vision run: peak memory of one frame pair whatever the frame count (docs/video.md)
+        chunks = temporal_chunks(pixels, vid.grid_thw, self.merge, self.window, self.patch, VIDEO_CHUNK_TEMPORAL)
         t, gh, gw = vid.grid_thw
         rows, cols = gh // self.merge, gw // self.merge
         h, w = vid.original
@@ -84,7 +88,8 @@ class QwenRuntime(HFRuntime):
         return VisionInputs(feeds, vid.num_visual_tokens, (panel,),
                             {"kind": "video", "grid_thw": vid.grid_thw, "resized": vid.resized,
                              "original": vid.original, "num_frames": vid.num_frames,
-                             "second_per_grid_t": vid.second_per_grid_t, "time_interval": float(interval)})
+                             "second_per_grid_t": vid.second_per_grid_t, "time_interval": float(interval)},
+                            chunks)
 
     def sampled_frames(self, video, options: dict) -> list:
         """A VideoInput -> its sampled frames (uint8 [H, W, 3] each, padded to an even count), for the picture."""

@@ -101,3 +101,26 @@ def vision_inputs(pixel_values: np.ndarray, grid_thw, merge: int, window_size: i
         "window_scatter": scatter,
         "full_segments": segments(image_cu_seqlens(grid_thw)),
     }
+
+
+def temporal_chunks(pixel_values: np.ndarray, grid_thw, merge: int, window_size: int, patch_size: int,
+                    per_chunk: int = 1) -> tuple[dict, ...]:
+    """vision.onnx feeds of a video in chunks of ``per_chunk`` temporal patches (the last may be shorter).
+
+    Every attention of the tower stays inside one temporal patch (windows and full-attention segments are per
+    frame pair), so the merged tokens of chunk c are rows [c*per_chunk*gh*gw/merge^2, ...) of the whole video's
+    output, in order: concatenating the chunks' outputs gives the unchunked output while one run holds the
+    activations of per_chunk*gh*gw patches instead of t*gh*gw (the full-attention scores grow with the square of
+    the patches of one run). pixel_values: [t*gh*gw, K] (a view per chunk, no copy)."""
+    t, gh, gw = (int(x) for x in np.asarray(grid_thw).reshape(3))
+    if per_chunk < 1:
+        raise ValueError(f"per_chunk must be >= 1, got {per_chunk}")
+    patches = gh * gw
+    chunks, shared = [], {}
+    for start in range(0, t, per_chunk):
+        size = min(per_chunk, t - start)
+        if size not in shared:  # index feeds depend on the chunk's grid only
+            full = vision_inputs(pixel_values[:0], (size, gh, gw), merge, window_size, patch_size)
+            shared[size] = {k: v for k, v in full.items() if k != "pixel_values"}
+        chunks.append({"pixel_values": pixel_values[start * patches:(start + size) * patches], **shared[size]})
+    return tuple(chunks)
