@@ -40,6 +40,7 @@ from coverpruner.engine_dir import graph_spec, position_ids_input
 from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.errors import OptionError, PromptError
+from coverpruner.runtime.grammar import GrammarMatcher, start_masks
 from coverpruner.runtime.prefix_cache import TEXT_ROW
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler
@@ -216,6 +217,7 @@ class _Sequence:
     times: dict = field(default_factory=dict)
     t_decode: float = 0.0
     tokens: list = field(default_factory=list)
+    grammar: GrammarMatcher | None = None  # the request's response_format parser (runtime/grammar.py)
 
 
 class Engine:
@@ -283,6 +285,10 @@ class Engine:
         admitted, events = self._admit()
         if not running and not admitted:
             return events
+        # the grammar masks of this step's tokens are computed in a background thread during the decoder call
+        constrained = [s for s in running + admitted if s.grammar is not None]
+        masks = start_masks([s.grammar for s in constrained])
+        mask_of = {s.rid: i for i, s in enumerate(constrained)}
         t = time.perf_counter()
         tokens = [s.tokens[-1] for s in running]
         embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
@@ -297,16 +303,34 @@ class Engine:
                 raise
             return events + [EngineEvent(s.rid, error=exc) for s in admitted]
         dt = time.perf_counter() - t
-        events += [self._after_token(s, s.sampler(logits[s.handle])) for s in running]
+        events += [self._take_token(s, logits[s.handle], masks, mask_of) for s in running]
         for seq in admitted:
             t = time.perf_counter()
             self._running[seq.rid] = seq
-            token = seq.sampler(logits[seq.handle] if seq.first is None else seq.first)
+            row = logits[seq.handle] if seq.first is None else seq.first
             seq.first = None
-            seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
-            seq.t_decode = time.perf_counter()
-            events.append(self._after_token(seq, token))
+            seq.times["prefill"] += dt  # the first token comes with the prefill (its sampling added in _next)
+            seq.t_decode = t
+            events.append(self._take_token(seq, row, masks, mask_of, first=True))
         return events
+
+    def _take_token(self, seq: _Sequence, logits: np.ndarray, masks, mask_of: dict, first: bool = False) -> EngineEvent:
+        """Sample the request's next token (under its grammar's mask, which then consumes the token) and apply the
+        stop rules; an error of its own (a grammar that cannot go on) ends this request alone."""
+        t = time.perf_counter()
+        try:
+            allowed = masks.allowed(mask_of[seq.rid]) if seq.grammar is not None else None
+            token = seq.sampler(logits, allowed)
+            if seq.grammar is not None:
+                seq.grammar.advance(token)
+        except OptionError as exc:
+            del self._running[seq.rid]
+            self.slots.leave(seq.handle)
+            return EngineEvent(seq.rid, error=exc)
+        if first:
+            seq.times["prefill"] += time.perf_counter() - t
+            seq.t_decode = time.perf_counter()
+        return self._after_token(seq, token)
 
     def run(self, request: Request):
         """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
@@ -333,6 +357,8 @@ class Engine:
         seq.selection = pipe.select(seq.request, seq.native)
         t = time.perf_counter()
         seq.plan = plan_prefill(pipe, seq.request, seq.native, seq.selection, self.capacity)
+        if seq.request.grammar is not None:
+            seq.grammar = GrammarMatcher(seq.request.grammar)
         seq.times = dict.fromkeys(TIMING_KEYS, 0.0)
         for stage in (seq.native, seq.selection):
             seq.times.update(stage.timings)
@@ -368,15 +394,17 @@ class Engine:
     # -- update ----------------------------------------------------------------------------------------
     def _after_token(self, seq: _Sequence, token: int) -> EngineEvent:
         """The stop rules: a stop id ends the answer (kept in token_ids, not in the text); else its text piece,
-        and the answer ends at state.max_tokens (finish_reason "length", or "context" when the context ended
-        first)."""
+        and the answer ends when its grammar is complete (finish_reason "grammar") or at state.max_tokens
+        ("length", or "context" when the context ended first)."""
         seq.tokens.append(int(token))
         finish, piece = None, ""
         if token in seq.request.stop_ids:
             finish = "eos"
         else:
             piece = seq.stream.push(token)
-            if len(seq.tokens) >= seq.plan.state.max_tokens:
+            if seq.grammar is not None and seq.grammar.done:
+                finish = "grammar"
+            elif len(seq.tokens) >= seq.plan.state.max_tokens:
                 finish = seq.plan.state.limit
         if finish is None:
             return EngineEvent(seq.rid, piece)

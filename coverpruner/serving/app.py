@@ -35,6 +35,7 @@ from coverpruner.serving.request import GenerationRequest, build_request, pipeli
 from coverpruner.serving.schema import BODY_NAMES
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
+from coverpruner.serving import tools
 from coverpruner.serving.stop import StopMatcher
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, has_video_reader
 from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS
@@ -43,7 +44,7 @@ from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 log = logging.getLogger("coverpruner.serving")
 
 #: Pipeline finish reasons -> OpenAI's
-_FINISH = {"eos": "stop", "length": "length", "context": "length"}
+_FINISH = {"eos": "stop", "grammar": "stop", "length": "length", "context": "length"}
 #: How often a waiting request checks whether its client is still connected (seconds).
 _DISCONNECT_POLL_S = 0.25
 #: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
@@ -228,9 +229,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             except CoverPrunerError as exc:
                 raise _api_error_from(exc, GenerationRequest(messages, options)) from None
 
+        tool = await run_in_threadpool(tools.plan, req, state.pipelines[0].grammars)  # 400 naming tools / tool_choice
+        if tool is not None:
+            req.response_format = tool.response_format
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
                                       state.family, config.max_video_bytes, state.takes_video)
+        gen.tool = tool
         await run_in_threadpool(check, gen.messages, gen.options)
         parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
@@ -466,9 +471,11 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
     text.append(matcher.flush())
     state.metrics.requests.labels("ok").inc()
     state.metrics.observe_result(value)
+    fields, finish = {"content": "".join(text)}, _finish_reason(value, matcher)
+    if gen.tool is not None:
+        fields, finish = tools.message(gen.tool, fields["content"], finish)
     body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model,
-                          choices=[Choice(message=AssistantMessage(content="".join(text)),
-                                          finish_reason=_finish_reason(value, matcher))],
+                          choices=[Choice(message=AssistantMessage(**fields), finish_reason=finish)],
                           usage=_usage(value), coverpruner=_coverpruner(value))
     return JSONResponse(body.model_dump())
 
@@ -488,21 +495,35 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                                              choices=[ChunkChoice(delta=delta, finish_reason=finish)], **extra))
 
     matcher = StopMatcher(gen.stop)
+    calls = None if gen.tool is None else tools.ToolStream(gen.tool)
+
+    def delta(piece: str) -> Delta | None:  # a text piece as content, or as a forced call's arguments
+        if calls is None:
+            return Delta(content=piece) if piece else None
+        args = calls.push(piece)
+        return Delta(tool_calls=args) if args else None
+
     try:
-        yield chunk(Delta(role="assistant", content=""))
+        yield chunk(Delta(role="assistant", content="" if calls is None else None,
+                          tool_calls=None if calls is None else calls.first()))
         while True:
             kind, value = event
             if kind == "piece":
-                piece, _ = matcher.push(value)
-                if piece:
-                    yield chunk(Delta(content=piece))
+                out = delta(matcher.push(value)[0])
+                if out is not None:
+                    yield chunk(out)
             elif kind == "done":
-                tail = matcher.flush()
-                if tail:
-                    yield chunk(Delta(content=tail))
+                out = delta(matcher.flush())
+                if out is not None:
+                    yield chunk(out)
                 state.metrics.requests.labels("ok").inc()
                 state.metrics.observe_result(value)
-                yield chunk(Delta(), _finish_reason(value, matcher), coverpruner=_coverpruner(value))
+                finish = _finish_reason(value, matcher)
+                if calls is not None:
+                    call, content, finish = calls.end(finish)
+                    if call or content:
+                        yield chunk(Delta(tool_calls=call, content=content))
+                yield chunk(Delta(), finish, coverpruner=_coverpruner(value))
                 if gen.include_usage:
                     yield _sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model,
                                                         choices=[], usage=_usage(value)))

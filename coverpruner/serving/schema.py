@@ -28,11 +28,8 @@ NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls
 #: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the
 #: value that means "off" (REFUSED_UNLESS) is taken
 REFUSED_FIELDS = {
-    "tools": "tool calling is not implemented by this server yet",
-    "tool_choice": "tool calling is not implemented by this server yet",
-    "functions": "tool calling is not implemented by this server yet",
-    "function_call": "tool calling is not implemented by this server yet",
-    "response_format": "structured output (json_object / json_schema) is not implemented by this server yet",
+    "functions": "the deprecated functions API is not supported; send tools and tool_choice",
+    "function_call": "the deprecated functions API is not supported; send tools and tool_choice",
     "logprobs": "log-probabilities are not returned by this server yet",
     "top_logprobs": "log-probabilities are not returned by this server yet",
     "n": "one answer per request (send n requests with different seeds)",
@@ -42,8 +39,7 @@ REFUSED_FIELDS = {
     "web_search_options": "this server has no web search",
 }
 #: the value of a refused field that asks for nothing (taken silently)
-REFUSED_UNLESS = {"logprobs": False, "n": 1, "tool_choice": "none", "response_format": {"type": "text"},
-                  "modalities": ["text"]}
+REFUSED_UNLESS = {"logprobs": False, "n": 1, "modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
 EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
 #: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
@@ -102,7 +98,11 @@ class ChatCompletionRequest(BaseModel):
     store: bool | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
-    # REFUSED_FIELDS (n, logprobs, tools, ...) land in model_extra and are refused by name in serving.request
+    # constrained output (runtime/grammar.py, serving/tools.py): checked there, each error naming its field
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    # REFUSED_FIELDS (n, logprobs, ...) land in model_extra and are refused by name in serving.request
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -117,7 +117,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # serving/tools.py: a forced call (content None)
 
 
 class Choice(BaseModel):
@@ -140,6 +141,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoice(BaseModel):
