@@ -236,27 +236,27 @@ class PendingMasks:
         return self._allowed[i]
 
 
-#: the background threads that compute masks (shared by every engine of the process; created on first use)
-_MASK_THREADS = 2
+#: one background thread (created on first use, shared by every engine of the process) that computes the masks of
+#: a step with ONE call into llguidance (LLExecutor, one Rust thread): the call holds no GIL, so it overlaps the
+#: decoder call; per-matcher calls from Python would hand the GIL back and forth (a 5 ms switch interval each)
 _pool: ThreadPoolExecutor | None = None
+_executor = None
 
 
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:
-    """Start computing the next token's mask of every matcher (all over one tokenizer) in a background thread;
-    None for none. llguidance releases the GIL while it computes, so this overlaps the decoder call."""
-    global _pool
+    """Start computing the next token's mask of every matcher (all over one tokenizer) in the background thread;
+    None for none."""
+    global _pool, _executor
     if not matchers:
         return None
-    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+    llg = _llguidance()
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
     with _bridges_lock:
         if _pool is None:
-            _pool = ThreadPoolExecutor(_MASK_THREADS, thread_name_prefix="grammar-masks")
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+            _executor = llg.LLExecutor(num_threads=1)
     v = matchers[0].grammar.vocab_size
     bits = allocate_token_bitmask(len(matchers), v)
-
-    def fill() -> None:
-        for i, m in enumerate(matchers):
-            fill_next_token_bitmask(m.matcher, bits, i)
-
-    return PendingMasks(_pool.submit(fill), bits, v)
+    pairs = [(m.matcher, i) for i, m in enumerate(matchers)]
+    return PendingMasks(_pool.submit(fill_next_token_bitmask_par, _executor, pairs, bits), bits, v)
