@@ -386,7 +386,8 @@ def main_grammar(args, argv) -> int:
             "setup": f"coverpruner-serve {' '.join(BATCHED)} --threads {args.threads}",
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__}}
     data["server"] = serve_grammar.run_server(
-        lambda: Server(engine, "batched", logs / "grammar_server.log", threads=args.threads), make_client,
+        lambda: Server(engine, "batched", logs / "grammar_server.log", threads=args.threads,
+                       extra=("--request-timeout", "0")), make_client,
         image_url, args.rounds)
     data["load_average_1min"] = [load0, os.getloadavg()[0]]
     out = ROOT / "benchmarks" / "results" / f"serve_grammar_{args.tag or 'cpu'}.json"

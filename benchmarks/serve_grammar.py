@@ -21,7 +21,7 @@ QUESTIONS = ("What is the color of the house next to the tree?", "Is there a sto
              "Is it day or night?", "What material is the roof made of?", "Name three objects in the image.")
 BUDGET = 64
 STREAMS = 8
-ITEMS = 48
+ITEMS = 24
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["kind", "values"],
           "properties": {"kind": {"enum": ["house", "tree", "road", "sky"]},
                          "values": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9},

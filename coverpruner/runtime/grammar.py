@@ -78,17 +78,18 @@ def llguidance_tokenizer(tokenizer, vocab_size: int, eos_ids) -> object:
             try:
                 _bridges[key] = llg.LLTokenizer(spec, n_vocab=int(vocab_size), eos_token=eos)
             except ValueError:  # "can't determine decoder type": e.g. the test tokenizer's plain Metaspace
-                _bridges[key] = llg.LLTokenizer(llg.TokenizerWrapper(_MetaspaceTokens(tokenizer, spec, eos)),
+                _bridges[key] = llg.LLTokenizer(llg.TokenizerWrapper(_MetaspaceTokens(tokenizer, spec, eos,
+                                                                                      int(vocab_size))),
                                                 n_vocab=int(vocab_size), eos_token=eos)
         return _bridges[key]
 
 
 class _MetaspaceTokens:
     """What llguidance.TokenizerWrapper reads of a Metaspace tokenizer: each id's bytes (special tokens prefixed
-    with 0xff, llguidance's mark), and a call that tokenizes bytes without Metaspace's leading "▁" (llguidance
+    with 0xff, llguidance's mark; empty for the logits' rows past the tokenizer, up to vocab_size), and a call that tokenizes bytes without Metaspace's leading "▁" (llguidance
     tokenizes text that continues a sequence: a prepended space would turn "ind" into " in" + "d")."""
 
-    def __init__(self, tokenizer, spec: str, eos: list[int]):
+    def __init__(self, tokenizer, spec: str, eos: list[int], vocab_size: int):
         from tokenizers import Tokenizer
 
         special = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
@@ -96,6 +97,7 @@ class _MetaspaceTokens:
         for i in range(tokenizer.get_vocab_size(with_added_tokens=True)):
             piece = tokenizer.id_to_token(i) or ""
             self.tokens.append(b"\xff" + piece.encode() if i in special else _piece_bytes(piece))
+        self.tokens += [b""] * (vocab_size - len(self.tokens))  # the decoder's rows past the tokenizer: never allowed
         self.special_token_ids = sorted(special)
         self.eos_token_id, self.bos_token_id = eos[0], None
         raw = json.loads(spec)
