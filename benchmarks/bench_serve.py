@@ -12,10 +12,12 @@ openai client from C threads (C = concurrency) over loopback.
     python benchmarks/bench_serve.py --streams 1,2,4,8 --new-tokens 128   # batched decode (serve_streams.py)
     python benchmarks/bench_serve.py --loop --new-tokens 128              # engine loop: 8 at once, turn-2 TTFT
     python benchmarks/bench_serve.py --fork 4 --new-tokens 16             # n=4 vs 4 separate requests (serve_fork.py)
+    python benchmarks/bench_serve.py --grammar                            # 8 json_schema streams vs 8 plain
 
 The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
 Writes benchmarks/results/serve_<tag>.json and .png (--streams: serve_streams_<tag>.json and .png; --loop:
-serve_loop_<tag>.json and .png; --fork: serve_fork_<tag>.json and .png).
+serve_loop_<tag>.json and .png; --fork: serve_fork_<tag>.json and .png; --grammar: serve_grammar_<tag>.json and
+.png).
 """
 
 from __future__ import annotations
@@ -231,10 +233,15 @@ def main(argv=None) -> int:
     fork.add_argument("--fork", type=int, default=None, metavar="N", help="run only this measurement, with n=N")
     fork.add_argument("--fork-engine", choices=("7b", "tiny"), default="7b",
                       help="LLaVA-1.5-7B-width fp32 engine (2 layers) or the tiny demo engine")
+    grammar = p.add_argument_group("constrained output (--grammar): 8 streams with a json_schema vs 8 without, "
+                                   "round-robin, through one batched server (benchmarks/serve_grammar.py)")
+    grammar.add_argument("--grammar", action="store_true", help="run only this measurement")
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.fork is not None:
         return main_fork(args, argv)
+    if args.grammar:
+        return main_grammar(args, argv)
     if args.loop:
         return main_loop(args, argv)
     if args.streams:
@@ -418,6 +425,41 @@ def main_fork(args, argv) -> int:
         print(f"{label}: n={args.fork} {r['median_wall_s']['fork']:.2f} s vs {args.fork} separate "
               f"{r['median_wall_s']['separate']:.2f} s = {r['x_fork_over_separate']:.2f}x; answers equal: "
               f"{r['answers_equal']}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def main_grammar(args, argv) -> int:
+    """--grammar: benchmarks/serve_grammar.py on the LLaVA-1.5-7B-width fp32 (ORT-form) engine."""
+    import onnxruntime
+
+    import serve_grammar
+    from bench_pipeline import prepare as prepare_real
+
+    engine = prepare_real(args.workdir, 2, "fp32")
+    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+    logs = args.workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    load0 = os.getloadavg()[0]
+    data = {"benchmark": "serve_grammar",
+            "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": str(engine),
+            "rounds": args.rounds, "budget": serve_grammar.BUDGET, "schema": serve_grammar.SCHEMA,
+            "setup": f"coverpruner-serve {' '.join(BATCHED)} --threads {args.threads}",
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__}}
+    data["server"] = serve_grammar.run_server(
+        lambda: Server(engine, "batched", logs / "grammar_server.log", threads=args.threads,
+                       extra=("--request-timeout", "0")), make_client,
+        image_url, args.rounds)
+    data["load_average_1min"] = [load0, os.getloadavg()[0]]
+    out = ROOT / "benchmarks" / "results" / f"serve_grammar_{args.tag or 'cpu'}.json"
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(out)
+    serve_grammar.plot(out.with_suffix(".png"), data)
+    med = data["server"]["median_decode_tokens_per_s"]
+    print(f"decode tokens/s: json_schema {med['json_schema']:.1f} vs plain {med['plain']:.1f} = "
+          f"{data['server']['json_over_plain']:.2f}x; load {data['load_average_1min']}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

@@ -47,6 +47,7 @@ from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.errors import OptionError, PromptError
+from coverpruner.runtime.grammar import GrammarMatcher, start_masks
 from coverpruner.runtime.logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from coverpruner.runtime.options import check_int
 from coverpruner.runtime.prefix_cache import TEXT_ROW
@@ -230,6 +231,7 @@ class _Sequence:
     n: int = 1  # answers of the request (fork); the others are admitted as copies of this one
     index: int = 0  # this answer's index among them
     top_logprobs: int | None = None  # None: no logprobs
+    grammar: GrammarMatcher | None = None  # this answer's response_format parser (runtime/grammar.py)
 
 
 class Engine:
@@ -302,6 +304,10 @@ class Engine:
         admitted, events = self._admit()
         if not running and not admitted:
             return events
+        # the grammar masks of this step's tokens are computed in a background thread during the decoder call
+        constrained = [s for s in running + admitted if s.grammar is not None]
+        masks = start_masks([s.grammar for s in constrained])
+        mask_of = {(s.rid, s.index): i for i, s in enumerate(constrained)}
         t = time.perf_counter()
         tokens = [s.tokens[-1] for s in running]
         embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
@@ -316,16 +322,44 @@ class Engine:
                 raise
             return events + [EngineEvent(s.rid, error=exc) for s in admitted if s.index == 0]  # one per request
         dt = time.perf_counter() - t
-        events += [self._after_token(s, logits[s.handle]) for s in running]
+        dead: set[int] = set()  # requests a grammar error ended during this update
+        events += [self._take_token(s, logits[s.handle], masks, mask_of, dead) for s in running
+                   if s.rid not in dead]
         for seq in admitted:
+            if seq.rid in dead:  # a sibling answer's grammar failed: this one never starts
+                self.slots.leave(seq.handle)
+                continue
             t = time.perf_counter()
             self._running[seq.rid, seq.index] = seq
-            first = logits[seq.handle] if seq.first is None else seq.first
+            row = logits[seq.handle] if seq.first is None else seq.first
             seq.first = None
-            seq.times["prefill"] += dt + time.perf_counter() - t  # the first token comes with the prefill
-            seq.t_decode = time.perf_counter()
-            events.append(self._after_token(seq, first))
+            seq.times["prefill"] += dt  # the first token comes with the prefill (its sampling added in _take_token)
+            seq.t_decode = t
+            events.append(self._take_token(seq, row, masks, mask_of, dead, first=True))
+        return [e for e in events if e is not None]
         return events
+
+    def _take_token(self, seq: _Sequence, logits: np.ndarray, masks, mask_of: dict, dead: set[int],
+                    first: bool = False) -> EngineEvent | None:
+        """Sample the answer's next token from logits [V] (under its grammar's mask, which then consumes the
+        token) and apply the stop rules. An error of its own (a grammar that cannot go on) ends this request alone,
+        all its answers (rid added to ``dead``), with one error event; None for a sibling already ended."""
+        if seq.rid in dead:
+            return None
+        t = time.perf_counter()
+        try:
+            allowed = masks.allowed(mask_of[seq.rid, seq.index]) if seq.grammar is not None else None
+            token = seq.sampler(logits, allowed)
+            if seq.grammar is not None:
+                seq.grammar.advance(token)
+        except OptionError as exc:
+            dead.add(seq.rid)
+            self.cancel(seq.rid)
+            return EngineEvent(seq.rid, error=exc)
+        if first:
+            seq.times["prefill"] += time.perf_counter() - t
+            seq.t_decode = time.perf_counter()
+        return self._after_token(seq, logits, token)
 
     def run(self, request: Request):
         """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
@@ -352,6 +386,8 @@ class Engine:
         seq.selection = pipe.select(seq.request, seq.native)
         t = time.perf_counter()
         seq.plan = plan_prefill(pipe, seq.request, seq.native, seq.selection, self.capacity)
+        if seq.request.grammar is not None:
+            seq.grammar = GrammarMatcher(seq.request.grammar)
         seq.times = dict.fromkeys(TIMING_KEYS, 0.0)
         for stage in (seq.native, seq.selection):
             seq.times.update(stage.timings)
@@ -407,7 +443,9 @@ class Engine:
                                            cached=len(parent.plan.rows) - 1, prefix=snapshot)
                 children.append(_Sequence(parent.rid, parent.request, parent.t_start, parent.native,
                                           parent.selection, plan, times=dict(parent.times), index=index,
-                                          n=parent.n, top_logprobs=parent.top_logprobs))
+                                          n=parent.n, top_logprobs=parent.top_logprobs,
+                                          grammar=None if parent.grammar is None
+                                          else GrammarMatcher(parent.request.grammar)))
                 plans.append(plan)
                 natives.append(parent.native)
         if not children:
@@ -419,11 +457,11 @@ class Engine:
         return children
 
     # -- update ----------------------------------------------------------------------------------------
-    def _after_token(self, seq: _Sequence, logits: np.ndarray) -> EngineEvent:
-        """Sample the answer's next token from logits [V], then the stop rules: a stop id ends the answer (kept in
+    def _after_token(self, seq: _Sequence, logits: np.ndarray, token: int) -> EngineEvent:
+        """The stop rules for the answer's new token (sampled from logits [V]): a stop id ends the answer (kept in
         token_ids, not in the text, no logprob); else its text piece (and its TokenLogprob when asked), and the
-        answer ends at state.max_tokens (finish_reason "length", or "context" when the context ended first)."""
-        token = seq.sampler(logits)
+        answer ends when its grammar is complete (finish_reason "grammar") or at state.max_tokens ("length", or
+        "context" when the context ended first)."""
         seq.tokens.append(int(token))
         finish, piece, logprob = None, "", None
         if token in seq.request.stop_ids:
@@ -432,7 +470,9 @@ class Engine:
             piece = seq.stream.push(token)
             if seq.top_logprobs is not None:
                 logprob = token_logprob(logits, token, seq.top_logprobs)
-            if len(seq.tokens) >= seq.plan.state.max_tokens:
+            if seq.grammar is not None and seq.grammar.done:
+                finish = "grammar"
+            elif len(seq.tokens) >= seq.plan.state.max_tokens:
                 finish = seq.plan.state.limit
         if finish is None:
             return EngineEvent(seq.rid, piece, index=seq.index, logprob=logprob)

@@ -148,6 +148,8 @@ class GenerationOptions:
     temperature, top_p, seed: generation limits and sampling (seed also seeds the random selector).
     frequency_penalty, presence_penalty (each in [-2, 2]) and logit_bias ({token id: bias in [-100, 100]}):
     OpenAI's adjustments of the logits before sampling (runtime.sampling.adjust_logits).
+    response_format: OpenAI's response_format ({"type": "json_object"} / {"type": "json_schema", "json_schema":
+    {"name", "schema"}}) or None: the answer is constrained to it (runtime.grammar; checked by Pipeline.request).
     ignore_eos: decode past EOS up to max_new_tokens. max_images: most images + videos of a request (>= 0) or
     None. family: the family's request options as given ({name: value}, e.g. {"newline_policy": "keep"}).
     """
@@ -163,6 +165,7 @@ class GenerationOptions:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: Mapping = field(default_factory=dict)
+    response_format: Mapping | None = None
     ignore_eos: bool = False
     max_images: int | None = None
     family: Mapping = field(default_factory=dict)
@@ -181,6 +184,9 @@ class GenerationOptions:
         put(self, "frequency_penalty", check_penalty("frequency_penalty", self.frequency_penalty))
         put(self, "presence_penalty", check_penalty("presence_penalty", self.presence_penalty))
         put(self, "logit_bias", check_logit_bias(self.logit_bias))
+        if self.response_format is not None and not isinstance(self.response_format, Mapping):
+            raise OptionError(f"response_format must be an object with a 'type', got {self.response_format!r}",
+                              param="response_format")
         check_bool("ignore_eos", self.ignore_eos)
         if self.max_images is not None and (not _is_int(self.max_images) or self.max_images < 0):
             raise OptionError(f"max_images must be an integer >= 0, got {self.max_images!r}", param="max_images")

@@ -45,6 +45,7 @@ from coverpruner.runtime.result import GenerationResult, ImageResult
 # METHODS and parse_budget are also imported from here by the CLIs
 from coverpruner.runtime.options import (METHODS, GenerationOptions, check_method, check_method_options,  # noqa: F401
                                         check_tau, parse_budget, split_method_options)
+from coverpruner.runtime.grammar import GrammarCompiler
 from coverpruner.runtime.sampling import SamplingConfig
 from coverpruner.runtime.stages import DecodeState, ImageSelection, NativeSequence, Prefill, Request, Selection
 from coverpruner.runtime.text import PromptEncoder
@@ -156,6 +157,8 @@ class Pipeline:
             raise ManifestError(f"{manifest.root / 'manifest.json'}: {exc.args[0]}") from None
         self._options = {o.name: o for o in self.family.request_options}
         self.encoder = PromptEncoder(manifest.root / tok_file, t["image_token_id"], self.family_runtime)
+        #: response_format -> its checked grammar (runtime/grammar.py; llguidance loaded on the first one)
+        self.grammars = GrammarCompiler(self.encoder.tokenizer, int(d["vocab_size"]), self.eos_ids)
         self.sessions = sessions
         self.vision_outputs = [o.name for o in graph_spec(manifest, "vision").outputs]
         dims = (int(d["num_layers"]), int(d["num_kv_heads"]), int(d["head_dim"]), int(d["vocab_size"]))
@@ -428,7 +431,7 @@ class Pipeline:
         return Request(conversation, opts.budget, opts.method, tau, opts.max_new_tokens,
                        self._sampling(opts),
                        frozenset() if opts.ignore_eos else frozenset(self.eos_ids),
-                       self._check_options(opts), opts.demand)
+                       self._check_options(opts), opts.demand, self.grammars.compile(opts.response_format))
 
     def _sampling(self, opts: GenerationOptions) -> SamplingConfig:
         """The request's SamplingConfig; OptionError (param logit_bias) for a token id past the vocabulary."""

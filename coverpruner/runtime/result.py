@@ -69,7 +69,7 @@ class GenerationResult:
     prefill_tokens: int  # sequence length the decoder saw after pruning
     budget: int | None
     method: str
-    finish_reason: str  # "eos", "length" (max_new_tokens) or "context" (context window full)
+    finish_reason: str  # "eos", "grammar" (response_format complete), "length" (max_new_tokens) or "context"
     options: dict = field(default_factory=dict)
     images: list = field(default_factory=list)
     cached_tokens: int = 0

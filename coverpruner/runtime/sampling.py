@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.options import check_logit_bias, check_penalty, check_seed, check_temperature, check_top_p
 
 
@@ -46,9 +47,10 @@ class SamplingConfig:
 
 
 class Sampler:
-    """Call with logits float [V] (any float dtype) -> next token id (int). Called once per generated token, so it
-    counts the tokens it returned (the penalties' history). stream: the answer's index among a request's n
-    (module docstring: how its generator is seeded)."""
+    """Call with logits float [V] (any float dtype) and optionally ``allowed`` bool [V] (a grammar's mask,
+    runtime.grammar: every other token is -inf, after the penalties and logit_bias, so neither can bring one back)
+    -> next token id (int). Called once per generated token, so it counts the tokens it returned (the penalties'
+    history). stream: the answer's index among a request's n (module docstring: how its generator is seeded)."""
 
     def __init__(self, config: SamplingConfig, stream: int = 0):
         self.config = config
@@ -56,10 +58,15 @@ class Sampler:
                                          else [config.seed, int(stream)])
         self.counts: dict[int, int] = {}
 
-    def __call__(self, logits: np.ndarray) -> int:
+    def __call__(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> int:
         logits = np.asarray(logits, dtype=np.float32).reshape(-1)
         if self.config.adjusts:
             logits = adjust_logits(logits, self.counts, self.config)
+        if allowed is not None:
+            if not allowed.any():
+                raise OptionError("response_format: no token of the model's vocabulary continues the grammar",
+                                  param="response_format")
+            logits = np.where(allowed, logits, -np.inf)
         token = self._choose(logits)
         self.counts[token] = self.counts.get(token, 0) + 1
         return token

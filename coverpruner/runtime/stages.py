@@ -28,6 +28,7 @@ class Request:
     its own message) or "latest" (from the last user message).
     method: a coverpruner.selection name. tau: coverage threshold. stop_ids: token ids that end the answer
     (empty with ignore_eos). options: the family's request options, resolved (e.g. {"newline_policy": "drop"}).
+    grammar: the checked response_format (runtime.grammar.Grammar) the answer is constrained to, or None.
     """
 
     conversation: object
@@ -39,6 +40,7 @@ class Request:
     stop_ids: frozenset = frozenset()
     options: dict = field(default_factory=dict)
     demand: str = "turn"
+    grammar: object = None
 
     @property
     def seed(self) -> int | None:

@@ -41,6 +41,7 @@ from coverpruner.serving.request import GenerationRequest, build_request, pipeli
 from coverpruner.serving.schema import BODY_NAMES
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
+from coverpruner.serving import tools
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, has_video_reader
 from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS
 from coverpruner.serving.workers import Job, QueueFull, WorkerPool
@@ -48,7 +49,7 @@ from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 log = logging.getLogger("coverpruner.serving")
 
 #: Pipeline finish reasons -> OpenAI's
-_FINISH = {"eos": "stop", "length": "length", "context": "length"}
+_FINISH = {"eos": "stop", "grammar": "stop", "length": "length", "context": "length"}
 #: How often a waiting request checks whether its client is still connected (seconds).
 _DISCONNECT_POLL_S = 0.25
 #: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
@@ -242,9 +243,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             except CoverPrunerError as exc:
                 raise _api_error_from(exc, GenerationRequest(messages, options)) from None
 
+        tool = await run_in_threadpool(tools.plan, req, state.pipelines[0].grammars)  # 400 naming tools / tool_choice
+        if tool is not None:
+            req.response_format = tool.response_format
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
                                       state.family, config.max_video_bytes, state.takes_video)
+        gen.tool = tool
         await run_in_threadpool(check, gen.messages, gen.options)
         parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
@@ -558,11 +563,14 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
     if got is None:
         return Response(status_code=499)
     lp = gen.top_logprobs is not None
-    body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model,
-                          choices=[Choice(index=c.index, message=AssistantMessage(content=c.text),
-                                          finish_reason=finish_reason(c.end),
-                                          logprobs=chat_logprobs(c.logprobs, state.token_text) if lp else None)
-                                   for c in got],
+    choices = []
+    for c in got:
+        fields, finish = {"content": c.text}, finish_reason(c.end)
+        if gen.tool is not None:  # a forced tool call: the answer is the call's arguments
+            fields, finish = tools.message(gen.tool, c.text, finish)
+        choices.append(Choice(index=c.index, message=AssistantMessage(**fields), finish_reason=finish,
+                              logprobs=chat_logprobs(c.logprobs, state.token_text) if lp else None))
+    body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=choices,
                           usage=_usage([c.end.result for c in got]), coverpruner=_coverpruner(got[0].end.result))
     return JSONResponse(body.model_dump())
 
@@ -582,10 +590,13 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                                             choices=[ChunkChoice(index=index, delta=delta, finish_reason=finish,
                                                                  logprobs=logprobs)], **extra))
 
+    # a forced tool call streams each answer's text as its call's arguments (serving/tools.py)
+    calls = [None if gen.tool is None else tools.ToolStream(gen.tool) for _ in range(gen.n)]
     results = []
     try:
-        for index in range(gen.n):
-            yield chunk(index, Delta(role="assistant", content=""))
+        for index, call in enumerate(calls):
+            yield chunk(index, Delta(role="assistant", content="" if call is None else None,
+                                     tool_calls=None if call is None else call.first()))
         async for item in answers(state, job, gen, event):
             if item is None:  # cancelled
                 break
@@ -593,12 +604,23 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                 state.count_error(item)
                 yield f"data: {json.dumps(item.body())}\n\n"
                 break
+            call = calls[item.index]
             if isinstance(item, ChoiceDelta):
                 logprobs = chat_logprobs(item.logprobs, state.token_text) if item.logprobs else None
-                yield chunk(item.index, Delta(content=item.text), logprobs=logprobs)
+                if call is None:
+                    yield chunk(item.index, Delta(content=item.text), logprobs=logprobs)
+                else:
+                    args = call.push(item.text)
+                    if args or logprobs:
+                        yield chunk(item.index, Delta(tool_calls=args or None), logprobs=logprobs)
             else:
                 results.append(item.result)
-                yield chunk(item.index, Delta(), finish_reason(item), coverpruner=_coverpruner(item.result))
+                finish = finish_reason(item)
+                if call is not None:
+                    tool_call, content, finish = call.end(finish)
+                    if tool_call or content:
+                        yield chunk(item.index, Delta(tool_calls=tool_call, content=content))
+                yield chunk(item.index, Delta(), finish, coverpruner=_coverpruner(item.result))
         if len(results) == gen.n and gen.include_usage:
             yield sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[],
                                                usage=_usage(results)))

@@ -55,6 +55,7 @@ class GenerationRequest:
     include_usage: bool = False
     n: int = 1  # answers (serving.choices)
     top_logprobs: int | None = None  # None: no logprobs
+    tool: object = None  # serving.tools.ToolPlan of a forced tool call
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
@@ -222,6 +223,8 @@ def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
         opts["top_p"] = req.top_p
     if req.seed is not None:
         opts["seed"] = req.seed
+    if req.response_format is not None:  # the body's, or a forced tool call's (serving.tools, set by the app)
+        opts["response_format"] = req.response_format
     for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
         if getattr(req, name) is not None:
             opts[name] = getattr(req, name)

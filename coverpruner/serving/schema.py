@@ -29,19 +29,15 @@ NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls
 #: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the
 #: value that means "off" (REFUSED_UNLESS) is taken
 REFUSED_FIELDS = {
-    "tools": "tool calling is not implemented by this server yet",
-    "tool_choice": "tool calling is not implemented by this server yet",
-    "functions": "tool calling is not implemented by this server yet",
-    "function_call": "tool calling is not implemented by this server yet",
-    "response_format": "structured output (json_object / json_schema) is not implemented by this server yet",
+    "functions": "the deprecated functions API is not supported; send tools and tool_choice",
+    "function_call": "the deprecated functions API is not supported; send tools and tool_choice",
     "audio": "this server answers in text only",
     "modalities": "this server answers in text only",
     "prediction": "predicted outputs are not supported",
     "web_search_options": "this server has no web search",
 }
 #: the value of a refused field that asks for nothing (taken silently)
-REFUSED_UNLESS = {"tool_choice": "none", "response_format": {"type": "text"},
-                  "modalities": ["text"]}
+REFUSED_UNLESS = {"modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
 EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
 #: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
@@ -105,7 +101,11 @@ class ChatCompletionRequest(BaseModel):
     store: bool | None = None
     service_tier: str | None = None
     parallel_tool_calls: bool | None = None
-    # REFUSED_FIELDS (n, logprobs, tools, ...) land in model_extra and are refused by name in serving.request
+    # constrained output (runtime/grammar.py, serving/tools.py): checked there, each error naming its field
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    # REFUSED_FIELDS (n, logprobs, ...) land in model_extra and are refused by name in serving.request
 
 
 # -- responses ------------------------------------------------------------------------------------
@@ -120,7 +120,8 @@ class Usage(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # serving/tools.py: a forced call (content None)
 
 
 class Choice(BaseModel):
@@ -143,6 +144,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChunkChoice(BaseModel):

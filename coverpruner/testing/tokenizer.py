@@ -2,7 +2,7 @@
 
 Llama-like: Metaspace pre-tokenization ("▁" marks word starts), newlines split off as their own
 pieces, BOS added by the post-processor, and the LLaVA specials `<image>` / `<pad>` appended after
-the trained vocabulary (as llava-hf appends them after Llama's 32000 pieces).
+the trained vocabulary (as llava-hf appends them after Llama's 32000 pieces), then JSON's punctuation.
 """
 
 from __future__ import annotations
@@ -11,6 +11,10 @@ import random
 
 SPECIAL_BASE = ["<unk>", "<s>", "</s>"]
 SPECIAL_ADDED = ["<image>", "<pad>"]
+#: JSON's punctuation that the corpus lacks, appended as plain (non-special) tokens after the specials, as a real
+#: vocabulary has them (Llama's through byte fallback): structured output (response_format) needs "{", '"', ...
+#: Appended last, so every trained id stays; 1002 + 8 tokens still round up to the same 1024-row embedding.
+JSON_ADDED = ["{", "}", "[", "]", '"', "-", "+", "\\"]
 
 _WORDS = (
     "a an the this that these those is are was were be been has have had do does did what which who "
@@ -45,7 +49,7 @@ def corpus(seed: int, lines: int = 4000) -> list[str]:
 def train_tokenizer(vocab_size: int = 1000, seed: int = 0):
     """Train a BPE `tokenizers.Tokenizer` (ids: <unk>=0, <s>=1, </s>=2, trained pieces, <image>, <pad>).
 
-    Returns the `tokenizers.Tokenizer`; its length is vocab_size + 2 (the appended specials).
+    Returns the `tokenizers.Tokenizer`; its length is vocab_size + 2 (the appended specials) + len(JSON_ADDED).
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -60,6 +64,7 @@ def train_tokenizer(vocab_size: int = 1000, seed: int = 0):
     )
     tok.train_from_iterator(corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_ADDED])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in JSON_ADDED])
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos)]

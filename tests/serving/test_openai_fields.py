@@ -61,8 +61,8 @@ def test_bookkeeping_fields_are_taken(client, demo_png):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]),
-    ("response_format", {"type": "json_object"}),
+    ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
+    ("response_format", {"type": "json_xml"}),
     ("logprobs", "yes"), ("top_logprobs", 2), ("top_logprobs", 21), ("n", 2),
     ("frequency_penalty", 3.0), ("logit_bias", {"99999999": 1}), ("logit_bias", {"7": 101}),
 ])
