@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, REQUIRED_GRAPHS, IntegrityCheck, Manifest, graph_spec,
-                                    load_manifest, position_ids_input, verify_files)
+from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, METHOD_GRAPHS, REQUIRED_GRAPHS, IntegrityCheck, Manifest,
+                                    graph_spec, load_manifest, position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type
 from coverpruner.engines.ort_decoder import OrtDecoderSession
@@ -97,8 +98,35 @@ class TextStream:
 #: selector="auto" runs the dir's loop-form selector.onnx, except on the CPU provider above
 #: selection.blocked.FLOAT64_MAX_N candidates: there numpy's similarity is a float32 syrk (a symmetric rank-k
 #: product, half the flops of the full GEMM ONNX Runtime runs), and the numpy backend is the faster one
-#: (n = 2,880, d = 4,096, m = 320: docs/performance.md, benchmarks/bench_select_stage.py).
+#: (n = 2,880, d = 4,096, m = 320: docs/performance.md, benchmarks/bench_select_stage.py). The peers' graphs
+#: (selector_dart / selector_cdpruner) run at every n: faster than their numpy selectors at every measured shape
+#: (docs/performance.md, "The peers' selectors").
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
+
+
+def _peer_sessions(manifest: Manifest, factory, selector: str) -> tuple[dict, dict]:
+    """The peers' selector sessions ({graph: session}) and why a peer method selects in numpy instead ({method:
+    one line}): its graph is absent (a dir exported before it) or would not open (e.g. no TensorRT engine built
+    for it). None of that fails the load: the numpy selector keeps the same tokens up to float near-ties."""
+    sessions, fallbacks = {}, {}
+    if selector == "numpy":
+        return sessions, fallbacks
+    root = manifest.root
+    for method, graph in METHOD_GRAPHS.items():
+        if graph == "selector":
+            continue
+        if graph not in manifest.graphs:
+            fallbacks[method] = (f"{root}: no {graph}.onnx (the dir was exported before it); method {method!r} "
+                                 f"selects with its numpy selector: re-export it with `coverpruner-export --model "
+                                 f"MODEL --output {root} --dtype {manifest.precision} --graphs {graph}` (no weights "
+                                 "are loaded)")
+            continue
+        try:
+            sessions[graph] = factory(graph, graph_spec(manifest, graph).path)
+        except (RuntimeError, OSError, ValueError) as exc:
+            fallbacks[method] = (f"{root}: cannot open {graph} ({str(exc).splitlines()[0]}); method {method!r} "
+                                 "selects with its numpy selector")
+    return sessions, fallbacks
 
 
 class Pipeline:
@@ -120,6 +148,9 @@ class Pipeline:
         #: how the coverpruner method selects: "auto" (see selector_for), "onnx" or "numpy"; "numpy" whenever no
         #: selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
+        #: {method: why it selects in numpy}: a peer method whose selector graph the dir lacks or that would not
+        #: open; warned once, on the method's first selection (Pipeline.load fills it)
+        self.selector_fallbacks: dict[str, str] = {}
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
@@ -202,6 +233,7 @@ class Pipeline:
                               f"on provider 'cpu' with ONNX Runtime only; got provider {provider!r}"
                               f"{' and a session factory' if session_factory is not None else ''} (re-export with "
                               "--decoder-form standard for CUDA / TensorRT)")
+        requested = selector
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"
@@ -223,7 +255,9 @@ class Pipeline:
                 if integrity is not None:
                     integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        pipe = cls(manifest, sessions, provider, selector, prefix_cache_mb)
+        peer_sessions, fallbacks = _peer_sessions(manifest, factory, requested)
+        pipe = cls(manifest, {**sessions, **peer_sessions}, provider, selector, prefix_cache_mb)
+        pipe.selector_fallbacks = fallbacks
         pipe._integrity = integrity
         return pipe
 
@@ -251,9 +285,14 @@ class Pipeline:
                     results[event.request_id] = event.result
         return [results[i] for i in ids]
 
-    def selector_for(self, n: int) -> str:
-        """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"
-        (auto: the loop-form selector.onnx, but numpy on the CPU provider above FLOAT64_MAX_N candidates)."""
+    def selector_for(self, n: int, method: str = "coverpruner") -> str:
+        """The selector that runs `method` for an image of n candidates: "onnx" (its graph, METHOD_GRAPHS, on the
+        provider) or "numpy". coverpruner (auto): the loop-form selector.onnx, but numpy on the CPU provider above
+        FLOAT64_MAX_N candidates; dart / cdpruner: their graph whenever its session is open (not with
+        selector="numpy", nor for a dir without it: selector_fallbacks); the other methods: numpy."""
+        graph = METHOD_GRAPHS.get(method)
+        if graph != "selector":
+            return "onnx" if graph in self.sessions else "numpy"
         if self.selector_backend != "auto":
             return self.selector_backend
         return "numpy" if self.provider == "cpu" and n > FLOAT64_MAX_N else "onnx"
@@ -275,11 +314,21 @@ class Pipeline:
                  "visual_positions": visual_pos, "instruction_positions": instr_pos}
         return self.sessions["probe"].run(["relevance"], feeds)[0].astype(np.float32)
 
-    def select_onnx(self, feats: np.ndarray, relevance: np.ndarray, budget: int, tau: float) -> np.ndarray:
-        """selector.onnx: V [n,d], relevance float32 [n] -> keep int64 [m] ascending."""
-        feeds = {"image_features": feats, "relevance": relevance.astype(np.float32),
-                 "budget": np.array(budget, dtype=np.int64), "tau": np.array(tau, dtype=np.float32)}
-        return self.sessions["selector"].run(["keep"], feeds)[0].astype(np.int64)
+    def select_onnx(self, feats: np.ndarray, relevance: np.ndarray | None, budget: int, tau: float,
+                    method: str = "coverpruner", options: dict | None = None) -> np.ndarray:
+        """The selector graph of `method` (METHOD_GRAPHS: selector.onnx, selector_dart.onnx, ...): V [n,d],
+        relevance float32 [n] (None for a method that does not read it), the budget, tau and the method's options
+        (dart's pivots, cdpruner's relevance_weight) fed by the graph's input names and dtypes -> keep int64 [m]
+        ascending."""
+        graph = METHOD_GRAPHS[method]
+        given = {"image_features": feats, "relevance": relevance, "budget": budget, "tau": tau, **(options or {})}
+        inputs = graph_spec(self.manifest, graph).inputs
+        missing = [t.name for t in inputs if given.get(t.name) is None]
+        if missing:
+            raise ManifestError(f"{self.manifest.root / 'manifest.json'}: graphs.{graph}.inputs name {missing}, "
+                                f"which method {method!r} does not give")
+        feeds = {t.name: np.asarray(given[t.name], dtype=t.dtype) for t in inputs}
+        return self.sessions[graph].run(["keep"], feeds)[0].astype(np.int64)
 
     # -- generation -------------------------------------------------------------------------
     # Every public call takes its generation options by name: GenerationOptions' fields (budget, method, tau,
@@ -550,20 +599,30 @@ class Pipeline:
                 h.update(native.image_hashes[k])
         h.update(np.ascontiguousarray(layout.instruction_turn[j]).data)
         h.update(repr((j, request.method, request.budget, request.tau, request.seed, sorted(request.options.items()),
-                       self.selector_for(len(native.spans[j].candidates)))).encode())
+                       self.selector_for(len(native.spans[j].candidates), request.method))).encode())
         return h.digest()
 
     def _select_one(self, request: Request, feats: np.ndarray, relevance) -> np.ndarray:
         """One image's selector: V [n,d], relevance float32 [n] or None (uniform) -> keep int64 [m] ascending."""
         n = len(feats)
-        if request.method == "coverpruner" and relevance is not None and self.selector_for(n) == "onnx":
-            return self.select_onnx(feats, relevance, request.budget, request.tau)
-        if relevance is None and uses_relevance(request.method):
+        reads = uses_relevance(request.method)
+        backend = self.selector_for(n, request.method)
+        if backend == "onnx" and (relevance is not None or not reads):
+            return self.select_onnx(feats, relevance, request.budget, request.tau, request.method,
+                                    _method_kwargs(request))
+        self._warn_fallback(request.method)
+        if relevance is None and reads:
             relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
         # selectors ignore options they do not use (tau: coverpruner, seed: random)
         return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
                                                     budget=request.budget, tau=request.tau, seed=request.seed,
                                                     **_method_kwargs(request)), dtype=np.int64)
+
+    def _warn_fallback(self, method: str) -> None:
+        """Say once per pipeline why `method`, which has a selector graph, selects in numpy here."""
+        why = self.selector_fallbacks.pop(method, None)
+        if why is not None:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
 
     def _select_windowed(self, request: Request, span, relevance, window: int) -> np.ndarray:
         """A video's selection within temporal windows of ``window`` temporal patches (the request option
