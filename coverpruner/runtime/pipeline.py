@@ -104,29 +104,14 @@ class TextStream:
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
 
 
-def _peer_sessions(manifest: Manifest, factory, selector: str) -> tuple[dict, dict]:
-    """The peers' selector sessions ({graph: session}) and why a peer method selects in numpy instead ({method:
-    one line}): its graph is absent (a dir exported before it) or would not open (e.g. no TensorRT engine built
-    for it). None of that fails the load: the numpy selector keeps the same tokens up to float near-ties."""
-    sessions, fallbacks = {}, {}
-    if selector == "numpy":
-        return sessions, fallbacks
+def _missing_peer_graphs(manifest: Manifest) -> dict[str, str]:
+    """{peer method: why it selects in numpy} for the peers' selector graphs the dir lacks (exported before them),
+    with the command that adds them."""
     root = manifest.root
-    for method, graph in METHOD_GRAPHS.items():
-        if graph == "selector":
-            continue
-        if graph not in manifest.graphs:
-            fallbacks[method] = (f"{root}: no {graph}.onnx (the dir was exported before it); method {method!r} "
-                                 f"selects with its numpy selector: re-export it with `coverpruner-export --model "
-                                 f"MODEL --output {root} --dtype {manifest.precision} --graphs {graph}` (no weights "
-                                 "are loaded)")
-            continue
-        try:
-            sessions[graph] = factory(graph, graph_spec(manifest, graph).path)
-        except (RuntimeError, OSError, ValueError) as exc:
-            fallbacks[method] = (f"{root}: cannot open {graph} ({str(exc).splitlines()[0]}); method {method!r} "
-                                 "selects with its numpy selector")
-    return sessions, fallbacks
+    return {method: (f"{root}: no {graph}.onnx (the dir was exported before it); method {method!r} selects with its "
+                     f"numpy selector: re-export it with `coverpruner-export --model MODEL --output {root} --dtype "
+                     f"{manifest.precision} --graphs {graph}` (no weights are loaded)")
+            for method, graph in METHOD_GRAPHS.items() if graph != "selector" and graph not in manifest.graphs}
 
 
 class Pipeline:
@@ -151,6 +136,10 @@ class Pipeline:
         #: {method: why it selects in numpy}: a peer method whose selector graph the dir lacks or that would not
         #: open; warned once, on the method's first selection (Pipeline.load fills it)
         self.selector_fallbacks: dict[str, str] = {}
+        #: opens the peers' selector graphs on first use (Pipeline.load sets it; None: they select in numpy), so a
+        #: load that never runs dart / cdpruner pays nothing for them
+        self._peer_factory: SessionFactory | None = None
+        self._failed_peers: set[str] = set()
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
@@ -233,7 +222,7 @@ class Pipeline:
                               f"on provider 'cpu' with ONNX Runtime only; got provider {provider!r}"
                               f"{' and a session factory' if session_factory is not None else ''} (re-export with "
                               "--decoder-form standard for CUDA / TensorRT)")
-        requested = selector
+        requested = selector  # "auto" without a loop-form selector.onnx still runs the peers' graphs
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"
@@ -255,9 +244,10 @@ class Pipeline:
                 if integrity is not None:
                     integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
-        peer_sessions, fallbacks = _peer_sessions(manifest, factory, requested)
-        pipe = cls(manifest, {**sessions, **peer_sessions}, provider, selector, prefix_cache_mb)
-        pipe.selector_fallbacks = fallbacks
+        pipe = cls(manifest, sessions, provider, selector, prefix_cache_mb)
+        if requested != "numpy":
+            pipe._peer_factory = factory
+            pipe.selector_fallbacks = _missing_peer_graphs(manifest)
         pipe._integrity = integrity
         return pipe
 
@@ -292,7 +282,7 @@ class Pipeline:
         selector="numpy", nor for a dir without it: selector_fallbacks); the other methods: numpy."""
         graph = METHOD_GRAPHS.get(method)
         if graph != "selector":
-            return "onnx" if graph in self.sessions else "numpy"
+            return "onnx" if graph is not None and self._peer_session(method, graph) else "numpy"
         if self.selector_backend != "auto":
             return self.selector_backend
         return "numpy" if self.provider == "cpu" and n > FLOAT64_MAX_N else "onnx"
@@ -617,6 +607,24 @@ class Pipeline:
         return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
                                                     budget=request.budget, tau=request.tau, seed=request.seed,
                                                     **_method_kwargs(request)), dtype=np.int64)
+
+    def _peer_session(self, method: str, graph: str) -> bool:
+        """Whether peer `method`'s selector graph has a session, opening it on first use. A graph the dir lacks or
+        that will not open (e.g. no TensorRT engine built for it) does not fail the request: the method selects in
+        numpy (same tokens up to float near-ties) and selector_fallbacks says why."""
+        if graph in self.sessions:
+            return True
+        if self._peer_factory is None or graph not in self.manifest.graphs or method in self._failed_peers:
+            return False
+        try:
+            self.sessions[graph] = self._peer_factory(graph, graph_spec(self.manifest, graph).path)
+        except (RuntimeError, OSError, ValueError) as exc:
+            self._failed_peers.add(method)
+            self.selector_fallbacks[method] = (f"{self.manifest.root}: cannot open {graph} ("
+                                               f"{str(exc).splitlines()[0]}); method {method!r} selects with its "
+                                               "numpy selector")
+            return False
+        return True
 
     def _warn_fallback(self, method: str) -> None:
         """Say once per pipeline why `method`, which has a selector graph, selects in numpy here."""
