@@ -31,9 +31,13 @@ SUPPORTED_VERSIONS = (2,)
 MANIFEST = "manifest.json"
 VERIFY_CACHE = ".coverpruner-verified.json"
 
+#: The selector graph of each method that has one: selector.onnx (coverpruner, export/selector_graph.py) and the
+#: peers' selector_dart.onnx / selector_cdpruner.onnx (export/peer_graphs.py). Each is optional: a method whose
+#: graph is absent runs its numpy selector (coverpruner.selection).
+METHOD_GRAPHS = {"coverpruner": "selector", "dart": "selector_dart", "cdpruner": "selector_cdpruner"}
 #: Every graph an engine dir may hold, in export order.
-GRAPH_NAMES = ("vision", "embed", "probe", "selector", "decoder")
-#: Graphs the pipeline cannot run without (selector.onnx is optional: the numpy selector always works).
+GRAPH_NAMES = ("vision", "embed", "probe", *METHOD_GRAPHS.values(), "decoder")
+#: Graphs the pipeline cannot run without (the selector graphs are optional: the numpy selectors always work).
 REQUIRED_GRAPHS = ("vision", "embed", "probe", "decoder")
 
 # Tensor names shared by every family (the vision graph's are the family's own).

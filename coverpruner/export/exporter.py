@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import MANIFEST, extras_record, read_if_present, write_manifest
+from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
@@ -29,6 +29,10 @@ from coverpruner.progress import ticking
 from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
+#: the peers' selector graphs {graph: method} (export/peer_graphs.py); like selector.onnx they need no weights
+PEER_GRAPHS = {g: m for m, g in METHOD_GRAPHS.items() if g != "selector"}
+#: graphs written without loading the model
+WEIGHTLESS_GRAPHS = frozenset(METHOD_GRAPHS.values())
 #: --decoder-form: "ort" (ONNX Runtime contrib ops, in-place KV: the fast CPU form in fp32, and in fp16 the form
 #: ORT's CUDA provider batches with: its GroupQueryAttention kernel is fp16/bf16 only), "standard" (standard ops:
 #: TensorRT), "auto" = "ort" for fp32 and "standard" for fp16 (what TensorRT builds; ask for --decoder-form ort
@@ -106,6 +110,17 @@ def _export_selector(out_dir: Path, opts: ExportOptions, float_dtype: str) -> Sa
     return save_proto(model, out_dir / "selector.onnx", external_data=opts.external_data == "always")
 
 
+def _export_peer_selector(out_dir: Path, graph: str, opts: ExportOptions, float_dtype: str) -> SavedGraph:
+    """<graph>.onnx: the standard-op selector graph of the peer method PEER_GRAPHS[graph] (loop form only)."""
+    from coverpruner.export.peer_graphs import build_peer_selector_model
+
+    try:
+        model = build_peer_selector_model(PEER_GRAPHS[graph], float_dtype=float_dtype, opset=opts.opset)
+    except ValueError as exc:
+        raise ExportError(f"{graph}.onnx: {exc}") from exc
+    return save_proto(model, out_dir / f"{graph}.onnx", external_data=opts.external_data == "always")
+
+
 def _copy_support_files(family, model_dir: Path, out_dir: Path) -> tuple[list[str], list[str]]:
     copied = []
     for name in family.support_files:
@@ -152,7 +167,8 @@ def _check_options(opts: ExportOptions) -> None:
 
 def _export_graphs(family, model, config, output: Path, order: list[str], opts: ExportOptions, bar,
                    seconds: dict) -> dict[str, dict]:
-    """Write each graph of `order` (vision, embed, probe, decoder, selector) into `output`; {graph: manifest entry}.
+    """Write each graph of `order` (vision, embed, probe, the selector graphs, decoder) into `output`; {graph:
+    manifest entry}.
 
     Each spec is dropped after its graph is written (the parameters it references stay with the model)."""
     import torch
@@ -168,6 +184,8 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
         with ticking(bar):  # one long call per graph (the decoder's and the vision tower's take minutes)
             if g == "selector":
                 saved = _export_selector(output, opts, FLOAT_DTYPES[opts.dtype])
+            elif g in PEER_GRAPHS:
+                saved = _export_peer_selector(output, g, opts, FLOAT_DTYPES[opts.dtype])
             elif g == "decoder" and decoder_form_for(opts) == "ort":
                 saved, extra = _export_ort_decoder(family, model, config, output, opts.dtype)
             else:
@@ -292,7 +310,7 @@ def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: di
     bar.set_description("export: load model")
     t0 = time.perf_counter()
     with ticking(bar):
-        model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - {"selector"} else None
+        model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - WEIGHTLESS_GRAPHS else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()
     entries = _export_graphs(family, model, config, output, order, opts, bar, seconds)

@@ -21,22 +21,15 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from coverpruner.export.selector_io import FLOAT_TYPES, selector_outputs
+from coverpruner.export.selector_nodes import (const, consts, lowest_tied, minmax_relevance, selector_model,
+                                               sorted_keep, unit_rows, value)
 from coverpruner.selection.cdpruner import EXHAUSTED_RTOL
-from coverpruner.selection.ties import EPS32, NORM_EPS
+from coverpruner.selection.ties import EPS32
 
 #: float32 ulps (relative to the scale: the largest L1 norm, 1 for cosines, the largest L_ii) within which values
 #: tie; the float32 selector.onnx uses 8 too (selection.ties.tie_rtol)
 TIE_ULPS = 8.0
 METHODS = ("dart", "cdpruner")
-
-
-def _const(name: str, value, dtype=None) -> onnx.NodeProto:
-    arr = np.asarray(value, dtype=dtype)
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
-
-
-def _value(name, elem, shape):
-    return helper.make_tensor_value_info(name, elem, shape)
 
 
 def _lowest_best(prefix: str, score: str, window: str) -> list:
@@ -46,54 +39,24 @@ def _lowest_best(prefix: str, score: str, window: str) -> list:
     return [
         n("ReduceMax", [score], [f"{prefix}_best"], keepdims=0),
         n("Sub", [f"{prefix}_best", window], [f"{prefix}_floor"]),
-        n("GreaterOrEqual", [score, f"{prefix}_floor"], [f"{prefix}_tied"]),
-        n("Where", [f"{prefix}_tied", "index_f", "n_f"], [f"{prefix}_ranked"]),
-        n("ReduceMin", [f"{prefix}_ranked"], [f"{prefix}_k_f"], keepdims=0),
-        n("Cast", [f"{prefix}_k_f"], [f"{prefix}_k"], to=TensorProto.INT64),
+        *lowest_tied(prefix, score, f"{prefix}_floor", "index_f", f"{prefix}_k"),
     ]
 
 
-def _common() -> list:
-    """Unit rows vn [n, d] float32, n_tokens / n_f / index_f [n] / trip_count, shared constants."""
+def _common(opset: int) -> list:
+    """Unit rows vn [n, d] float32 (selector_nodes.unit_rows), n_tokens / n_f / index_f [n] / trip_count, shared
+    constants."""
     n = helper.make_node
     return [
-        _const("eps", NORM_EPS, np.float32),
-        _const("zero_i", 0, np.int64),
-        _const("one_i", 1, np.int64),
-        _const("zero_f", 0.0, np.float32),
-        _const("one_f", 1.0, np.float32),
-        _const("neg_inf", -np.inf, np.float32),
-        _const("neg_inf_1", [-np.inf], np.float32),
-        _const("true", True, np.bool_),
-        _const("axis1", [1], np.int64),
-        _const("shape_1", [1], np.int64),
-        _const("shape_1_neg", [-1], np.int64),
-        _const("shape_col", [-1, 1], np.int64),
-        _const("tie_rtol", TIE_ULPS * EPS32, np.float32),
-        n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
-        n("Mul", ["v", "v"], ["v_sq"]),
-        n("ReduceSum", ["v_sq", "axis1"], ["sq_norm"], keepdims=1),  # [n, 1]
-        n("Sqrt", ["sq_norm"], ["norm_raw"]),
-        n("Max", ["norm_raw", "eps"], ["norm"]),
-        n("Div", ["v", "norm"], ["vn"]),
-        n("Shape", ["v"], ["v_shape"]),
-        n("Gather", ["v_shape", "zero_i"], ["n_tokens"], axis=0),
-        n("Cast", ["n_tokens"], ["n_f"], to=TensorProto.FLOAT),
+        *consts("eps", "zero_i", "one_i", "zero_f", "one_f", "neg_inf", "true", "axis1", "shape_1", "shape_1_neg",
+                "shape_col"),
+        const("neg_inf_1", [-np.inf], np.float32),
+        const("tie_rtol", TIE_ULPS * EPS32, np.float32),
+        *unit_rows(opset),
         n("Range", ["zero_i", "n_tokens", "one_i"], ["index"]),
         n("Cast", ["index"], ["index_f"], to=TensorProto.FLOAT),
         n("Reshape", ["n_tokens", "shape_1"], ["n_1d"]),
         n("Min", ["budget", "n_tokens"], ["trip_count"]),
-    ]
-
-
-def _sorted_keep() -> list:
-    n = helper.make_node
-    return [
-        n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),
-        n("Cast", ["picks_flat"], ["picks_f"], to=TensorProto.FLOAT),
-        n("Reshape", ["trip_count", "shape_1"], ["k_1d"]),
-        n("TopK", ["picks_f", "k_1d"], ["sorted_f", "sorted_pos"], axis=0, largest=0, sorted=1),
-        n("Cast", ["sorted_f"], ["keep"], to=TensorProto.INT64),
     ]
 
 
@@ -142,32 +105,24 @@ def _cdpruner_body() -> onnx.GraphProto:
     ]
     return helper.make_graph(
         nodes, "cdpruner_step",
-        inputs=[_value("iter", TensorProto.INT64, []), _value("cond_in", TensorProto.BOOL, []),
-                _value("c_in", TensorProto.FLOAT, ["m", "n"]), _value("gain_in", TensorProto.FLOAT, ["n"]),
-                _value("quality_in", TensorProto.FLOAT, ["n"])],
-        outputs=[_value("cond_out", TensorProto.BOOL, []), _value("c_out", TensorProto.FLOAT, ["m", "n"]),
-                 _value("gain_out", TensorProto.FLOAT, ["n"]), _value("quality_out", TensorProto.FLOAT, ["n"]),
-                 _value("pick", TensorProto.INT64, [])])
+        inputs=[value("iter", TensorProto.INT64, []), value("cond_in", TensorProto.BOOL, []),
+                value("c_in", TensorProto.FLOAT, ["m", "n"]), value("gain_in", TensorProto.FLOAT, ["n"]),
+                value("quality_in", TensorProto.FLOAT, ["n"])],
+        outputs=[value("cond_out", TensorProto.BOOL, []), value("c_out", TensorProto.FLOAT, ["m", "n"]),
+                 value("gain_out", TensorProto.FLOAT, ["n"]), value("quality_out", TensorProto.FLOAT, ["n"]),
+                 value("pick", TensorProto.INT64, [])])
 
 
 def build_cdpruner_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
     """selector_cdpruner.onnx: conditional-DPP fast greedy MAP (coverpruner.selection.cdpruner) in float32."""
     n = helper.make_node
     nodes = [
-        *_common(),
-        _const("shape_row", [1, -1], np.int64),
-        _const("shape_11", [1, 1], np.int64),
-        _const("tiny", np.finfo(np.float32).tiny, np.float32),
-        _const("exhausted_rtol", EXHAUSTED_RTOL, np.float32),
-        # q = minmax(relevance), ones for a constant relevance
-        n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
-        n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
-        n("Sub", ["r_max", "r_min"], ["span"]),
-        n("Greater", ["span", "zero_f"], ["has_span"]),
-        n("Where", ["has_span", "span", "one_f"], ["safe_span"]),
-        n("Sub", ["relevance", "r_min"], ["r_shift"]),
-        n("Div", ["r_shift", "safe_span"], ["r_scaled"]),
-        n("Where", ["has_span", "r_scaled", "one_f"], ["q"]),
+        *_common(opset),
+        const("shape_row", [1, -1], np.int64),
+        const("shape_11", [1, 1], np.int64),
+        const("tiny", np.finfo(np.float32).tiny, np.float32),
+        const("exhausted_rtol", EXHAUSTED_RTOL, np.float32),
+        *minmax_relevance("q", "one_f"),  # q = minmax(relevance), ones for a constant relevance
         n("Mul", ["q", "relevance_weight"], ["mix"]),  # L_ji = S_ji (mix_j q_i + (1 - w))
         n("Sub", ["one_f", "relevance_weight"], ["one_minus_w"]),
         # L_ii = S_ii (mix_i q_i + 1 - w), S_ii = 1 exactly (0 for an all-zero row), as the numpy backend
@@ -189,12 +144,12 @@ def build_cdpruner_model(float_dtype: str = "float32", opset: int = 17) -> onnx.
         n("ConstantOfShape", ["c_shape"], ["c0"], value=numpy_helper.from_array(np.zeros(1, np.float32))),
         n("Loop", ["trip_count", "true", "c0", "diag", "diag"], ["c_final", "gain_final", "quality_final", "picks"],
           body=_cdpruner_body()),
-        *_sorted_keep(),
+        *sorted_keep(),
     ]
-    inputs = [_value("image_features", FLOAT_TYPES[float_dtype], ["n", "d"]),
-              _value("relevance", TensorProto.FLOAT, ["n"]), _value("budget", TensorProto.INT64, []),
-              _value("relevance_weight", TensorProto.FLOAT, [])]
-    return _model(nodes, "cdpruner_selector", inputs, opset)
+    inputs = [value("image_features", FLOAT_TYPES[float_dtype], ["n", "d"]),
+              value("relevance", TensorProto.FLOAT, ["n"]), value("budget", TensorProto.INT64, []),
+              value("relevance_weight", TensorProto.FLOAT, [])]
+    return selector_model(nodes, "cdpruner_selector", inputs, selector_outputs(), opset)
 
 
 def _dart_body() -> onnx.GraphProto:
@@ -208,9 +163,9 @@ def _dart_body() -> onnx.GraphProto:
          n("Reshape", ["u_p", "shape_col"], ["u_p_col"]),
          n("MatMul", ["vn", "u_p_col"], ["dup_col"]),
          n("Reshape", ["dup_col", "shape_1_neg"], ["dup_new"])],
-        "pivot_cosines", inputs=[], outputs=[_value("dup_new", TensorProto.FLOAT, ["n"])])
+        "pivot_cosines", inputs=[], outputs=[value("dup_new", TensorProto.FLOAT, ["n"])])
     keep_dup = helper.make_graph([n("Identity", ["dup_in"], ["dup_same"])], "same_pivot", inputs=[],
-                                 outputs=[_value("dup_same", TensorProto.FLOAT, ["n"])])
+                                 outputs=[value("dup_same", TensorProto.FLOAT, ["n"])])
     nodes = [
         n("Identity", ["picks_so_far_in"], ["picks_so_far"]),  # before the If whose branch reads it
         n("Less", ["iter", "p"], ["is_pivot"]),
@@ -243,21 +198,21 @@ def _dart_body() -> onnx.GraphProto:
     ]
     return helper.make_graph(
         nodes, "dart_step",
-        inputs=[_value("iter", TensorProto.INT64, []), _value("cond_in", TensorProto.BOOL, []),
-                _value("kept_in", TensorProto.FLOAT, ["n"]), _value("dup_in", TensorProto.FLOAT, ["n"]),
-                _value("owner_in", TensorProto.INT64, []), _value("picks_so_far_in", TensorProto.INT64, ["m"])],
-        outputs=[_value("cond_out", TensorProto.BOOL, []), _value("kept_out", TensorProto.FLOAT, ["n"]),
-                 _value("dup_out", TensorProto.FLOAT, ["n"]), _value("owner_out", TensorProto.INT64, []),
-                 _value("picks_so_far_out", TensorProto.INT64, ["m"]), _value("pick", TensorProto.INT64, [])])
+        inputs=[value("iter", TensorProto.INT64, []), value("cond_in", TensorProto.BOOL, []),
+                value("kept_in", TensorProto.FLOAT, ["n"]), value("dup_in", TensorProto.FLOAT, ["n"]),
+                value("owner_in", TensorProto.INT64, []), value("picks_so_far_in", TensorProto.INT64, ["m"])],
+        outputs=[value("cond_out", TensorProto.BOOL, []), value("kept_out", TensorProto.FLOAT, ["n"]),
+                 value("dup_out", TensorProto.FLOAT, ["n"]), value("owner_out", TensorProto.INT64, []),
+                 value("picks_so_far_out", TensorProto.INT64, ["m"]), value("pick", TensorProto.INT64, [])])
 
 
 def build_dart_model(float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:
     """selector_dart.onnx: DART's pivots and duplication picks (coverpruner.selection.dart) in float32."""
     n = helper.make_node
     nodes = [
-        *_common(),
-        _const("minus_one", -1, np.int64),
-        _const("one_f_1", [1.0], np.float32),
+        *_common(opset),
+        const("minus_one", -1, np.int64),
+        const("one_f_1", [1.0], np.float32),
         n("Abs", ["v"], ["v_abs"]),
         n("ReduceSum", ["v_abs", "axis1"], ["l1_col"], keepdims=1),
         n("Reshape", ["l1_col", "shape_1_neg"], ["l1"]),
@@ -277,19 +232,11 @@ def build_dart_model(float_dtype: str = "float32", opset: int = 17) -> onnx.Mode
         n("ConstantOfShape", ["m_1d"], ["picks0"], value=numpy_helper.from_array(np.zeros(1, np.int64))),
         n("Loop", ["trip_count", "true", "kept0", "kept0", "minus_one", "picks0"],
           ["kept_final", "dup_final", "owner_final", "picks_final", "picks"], body=_dart_body()),
-        *_sorted_keep(),
+        *sorted_keep(),
     ]
-    inputs = [_value("image_features", FLOAT_TYPES[float_dtype], ["n", "d"]),
-              _value("budget", TensorProto.INT64, []), _value("pivots", TensorProto.INT64, [])]
-    return _model(nodes, "dart_selector", inputs, opset)
-
-
-def _model(nodes, name, inputs, opset) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, name, inputs=inputs, outputs=selector_outputs())
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="coverpruner")
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)
-    onnx.checker.check_model(model)
-    return model
+    inputs = [value("image_features", FLOAT_TYPES[float_dtype], ["n", "d"]),
+              value("budget", TensorProto.INT64, []), value("pivots", TensorProto.INT64, [])]
+    return selector_model(nodes, "dart_selector", inputs, selector_outputs(), opset)
 
 
 def build_peer_selector_model(method: str, float_dtype: str = "float32", opset: int = 17) -> onnx.ModelProto:

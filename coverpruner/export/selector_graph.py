@@ -53,12 +53,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from coverpruner.export.selector_io import selector_inputs, selector_outputs
-from coverpruner.selection.coverage import EPS32, NORM_EPS
-
-
-def _const(name: str, value, dtype=None) -> onnx.NodeProto:
-    arr = np.asarray(value, dtype=dtype)
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(arr, name))
+from coverpruner.export.selector_nodes import (const, consts, lowest_tied, minmax_relevance, selector_model,
+                                               sorted_keep, unit_rows, value)
+from coverpruner.selection.coverage import EPS32
 
 
 #: candidates whose gains each step re-sums (the K highest bounds); the step falls back to every gain only when
@@ -82,27 +79,19 @@ SYMMETRIC_MAX_N = 8192
 FULL_BLOCKS = 32
 
 
-def _value(name, elem, shape):
-    return helper.make_tensor_value_info(name, elem, shape)
-
-
 def _fresh_branch() -> onnx.GraphProto:
     """If-branch taken when the K re-summed gains decide the step: the pick is the lowest index among those
     within the tie window of their best. Outputs: bounds [n + K] (the fresh gains scattered in), k [] int64."""
     n = helper.make_node
     nodes = [
         n("ScatterElements", ["ub_in", "cand_idx", "fresh"], ["ub_fresh"], axis=0),
-        # lowest index in the window: ReduceMin of the tied indices as float32 (exact below 2^24; float rather
-        # than int64 for TensorRT), n for the others
-        n("GreaterOrEqual", ["fresh", "threshold"], ["cand_tied"]),
+        # lowest index in the window: ReduceMin of the tied indices as float32, n for the others
         n("Cast", ["cand_idx"], ["cand_idx_f"], to=TensorProto.FLOAT),
-        n("Where", ["cand_tied", "cand_idx_f", "n_f"], ["cand_ranked"]),
-        n("ReduceMin", ["cand_ranked"], ["k_fresh_f"], keepdims=0),  # []
-        n("Cast", ["k_fresh_f"], ["k_fresh"], to=TensorProto.INT64),
+        *lowest_tied("cand", "fresh", "threshold", "cand_idx_f", "k_fresh"),
     ]
     return helper.make_graph(nodes, "decided_by_candidates", inputs=[],
-                             outputs=[_value("ub_fresh", TensorProto.FLOAT, ["n_plus_k"]),
-                                      _value("k_fresh", TensorProto.INT64, [])])
+                             outputs=[value("ub_fresh", TensorProto.FLOAT, ["n_plus_k"]),
+                                      value("k_fresh", TensorProto.INT64, [])])
 
 
 def _block_sums() -> list:
@@ -141,14 +130,11 @@ def _full_branch() -> onnx.GraphProto:
         n("ReduceMax", ["ub_full"], ["best_all"], keepdims=0),  # [] >= 0: an untaken token is left
         n("Mul", ["best_all", "tie_rtol"], ["window_all"]),
         n("Sub", ["best_all", "window_all"], ["threshold_all"]),
-        n("GreaterOrEqual", ["ub_full", "threshold_all"], ["tied_all"]),
-        n("Where", ["tied_all", "index_pad_f", "n_f"], ["ranked_all"]),
-        n("ReduceMin", ["ranked_all"], ["k_full_f"], keepdims=0),  # []: the lowest tied index
-        n("Cast", ["k_full_f"], ["k_full"], to=TensorProto.INT64),
+        *lowest_tied("all", "ub_full", "threshold_all", "index_pad_f", "k_full"),  # the lowest tied index
     ]
     return helper.make_graph(nodes, "decided_by_all_gains", inputs=[],
-                             outputs=[_value("ub_full", TensorProto.FLOAT, ["n_plus_k"]),
-                                      _value("k_full", TensorProto.INT64, [])])
+                             outputs=[value("ub_full", TensorProto.FLOAT, ["n_plus_k"]),
+                                      value("k_full", TensorProto.INT64, [])])
 
 
 def _symmetric_branch() -> onnx.GraphProto:
@@ -160,11 +146,11 @@ def _symmetric_branch() -> onnx.GraphProto:
     Outer scope: vn [n, d], neg_mean_row [1, n], n_tokens. Output: at_sym [n, n] float32."""
     n = helper.make_node
     blocks = SYMMETRIC_BLOCKS
-    nodes = [_const("sym_blocks", [blocks], np.int64), _const("sym_axis1", [1], np.int64),
+    nodes = [const("sym_blocks", [blocks], np.int64), const("sym_axis1", [1], np.int64),
              n("Reshape", ["n_tokens", "shape_1"], ["sym_n_1d"])]
     for j in range(blocks + 1):
         # block boundary floor(j n / B) as a [1] tensor for Slice
-        nodes += [_const(f"sym_j_{j}", [j], np.int64),
+        nodes += [const(f"sym_j_{j}", [j], np.int64),
                   n("Mul", [f"sym_j_{j}", "sym_n_1d"], [f"sym_jn_{j}"]),
                   n("Div", [f"sym_jn_{j}", "sym_blocks"], [f"sym_start_{j}"])]
     for j in range(blocks):
@@ -188,7 +174,7 @@ def _symmetric_branch() -> onnx.GraphProto:
               for p in range(blocks)]
     nodes.append(n("Concat", [f"sym_row_{p}" for p in range(blocks)], ["at_sym"], axis=0))
     return helper.make_graph(nodes, "symmetric_blocks", inputs=[],
-                             outputs=[_value("at_sym", TensorProto.FLOAT, ["n", "n"])])
+                             outputs=[value("at_sym", TensorProto.FLOAT, ["n", "n"])])
 
 
 def _single_gemm_branch() -> onnx.GraphProto:
@@ -198,7 +184,7 @@ def _single_gemm_branch() -> onnx.GraphProto:
     nodes = [n("Gemm", ["vn", "vn", "neg_mean_row"], ["centred"], transB=1),  # [n, n]: M[k, i] - mu_i
              n("Relu", ["centred"], ["at_gemm"])]
     return helper.make_graph(nodes, "single_gemm", inputs=[],
-                             outputs=[_value("at_gemm", TensorProto.FLOAT, ["n", "n"])])
+                             outputs=[value("at_gemm", TensorProto.FLOAT, ["n", "n"])])
 
 
 def _loop_body() -> onnx.GraphProto:
@@ -246,16 +232,16 @@ def _loop_body() -> onnx.GraphProto:
         nodes,
         "lazy_greedy_step",
         inputs=[
-            _value("iter", TensorProto.INT64, []),
-            _value("cond_in", TensorProto.BOOL, []),
-            _value("c_in", TensorProto.FLOAT, ["n"]),
-            _value("ub_in", TensorProto.FLOAT, ["n_plus_k"]),
+            value("iter", TensorProto.INT64, []),
+            value("cond_in", TensorProto.BOOL, []),
+            value("c_in", TensorProto.FLOAT, ["n"]),
+            value("ub_in", TensorProto.FLOAT, ["n_plus_k"]),
         ],
         outputs=[
-            _value("cond_out", TensorProto.BOOL, []),
-            _value("c_out", TensorProto.FLOAT, ["n"]),
-            _value("ub_out", TensorProto.FLOAT, ["n_plus_k"]),
-            _value("k_out", TensorProto.INT64, [1]),
+            value("cond_out", TensorProto.BOOL, []),
+            value("c_out", TensorProto.FLOAT, ["n"]),
+            value("ub_out", TensorProto.FLOAT, ["n_plus_k"]),
+            value("k_out", TensorProto.INT64, [1]),
         ],
     )
 
@@ -266,59 +252,31 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
     if opset < 17:
         raise ValueError(f"opset must be >= 17, got {opset}")
     n = helper.make_node
-    # squared row norms without an [n, d] square; ReduceSumSquare takes its axes as an input from opset 18 on
-    sq_norm = (n("ReduceSumSquare", ["v", "axis1"], ["sq_norm"], keepdims=1) if opset >= 18 else
-               n("ReduceSumSquare", ["v"], ["sq_norm"], axes=[1], keepdims=1))
     nodes = [
-        *([_const("axis1", [1], np.int64)] if opset >= 18 else []),
-        _const("eps", NORM_EPS, np.float32),
-        _const("zero_f", 0.0, np.float32),
-        _const("one_f", 1.0, np.float32),
-        _const("eps32", EPS32, np.float32),
-        _const("max_tie_ulps", 8.0, np.float32),
-        _const("neg_inf", -np.inf, np.float32),
-        _const("axis0", [0], np.int64),
-        _const("shape_1", [1], np.int64),
-        _const("shape_1_neg", [-1], np.int64),
-        _const("shape_col", [-1, 1], np.int64),
-        _const("zero_i", 0, np.int64),
-        _const("one_i", 1, np.int64),
-        _const("true", True, np.bool_),
-        _const("lazy_k_1", [LAZY_CANDIDATES], np.int64),
-        _const("lazy_k", LAZY_CANDIDATES, np.int64),
-        _const("neg_inf_k", np.full(LAZY_CANDIDATES, -np.inf), np.float32),
-        _const("bound_grow", 1.0 + BOUND_ULPS * EPS32, np.float32),
+        *consts(*(("axis1",) if opset >= 18 else ()), "eps", "zero_f", "one_f", "eps32", "neg_inf", "axis0", "shape_1",
+                "shape_1_neg", "shape_col", "zero_i", "one_i", "true"),
+        const("max_tie_ulps", 8.0, np.float32),
+        const("lazy_k_1", [LAZY_CANDIDATES], np.int64),
+        const("lazy_k", LAZY_CANDIDATES, np.int64),
+        const("neg_inf_k", np.full(LAZY_CANDIDATES, -np.inf), np.float32),
+        const("bound_grow", 1.0 + BOUND_ULPS * EPS32, np.float32),
         # utilities A^T[k, i] = relu(M[k, i] - mu_i), M = Vn Vn^T the cosine similarity, mu_i its row mean
         # (M symmetric: row k = candidate k's utilities, so the loop gathers a candidate's utilities as one
         # contiguous row). mu = Vn (sum_k Vn_k) / n needs no [n, n] pass, and the Gemm adds -mu as its bias C,
         # so the GEMM's output is the only [n, n] tensor (ORT fuses the Relu into the Gemm; measured: one buffer).
-        n("Cast", ["image_features"], ["v"], to=TensorProto.FLOAT),
-        sq_norm,  # [n, 1]
-        n("Sqrt", ["sq_norm"], ["norm_raw"]),
-        n("Max", ["norm_raw", "eps"], ["norm"]),
-        n("Div", ["v", "norm"], ["vn"]),  # [n, d]
-        n("Shape", ["v"], ["v_shape"]),
-        n("Gather", ["v_shape", "zero_i"], ["n_tokens"], axis=0),  # int64 scalar
-        n("Cast", ["n_tokens"], ["n_f"], to=TensorProto.FLOAT),
+        *unit_rows(opset),  # vn [n, d], n_tokens, n_f
         n("ReduceSum", ["vn", "axis0"], ["vn_sum"], keepdims=1),  # [1, d]
         n("Gemm", ["vn_sum", "vn"], ["row_sum"], transB=1),  # [1, n]: sum_k M[i, k] = Vn_i . sum_k Vn_k
         n("Div", ["row_sum", "n_f"], ["mean_row"]),  # [1, n]: mu_i
         n("Neg", ["mean_row"], ["neg_mean_row"]),
-        _const("sym_min_n", SYMMETRIC_MIN_N, np.int64),
-        _const("sym_max_n", SYMMETRIC_MAX_N, np.int64),
+        const("sym_min_n", SYMMETRIC_MIN_N, np.int64),
+        const("sym_max_n", SYMMETRIC_MAX_N, np.int64),
         n("GreaterOrEqual", ["n_tokens", "sym_min_n"], ["sym_above_min"]),
         n("LessOrEqual", ["n_tokens", "sym_max_n"], ["sym_below_max"]),
         n("And", ["sym_above_min", "sym_below_max"], ["sym_fits"]),
         n("If", ["sym_fits"], ["At"], then_branch=_symmetric_branch(), else_branch=_single_gemm_branch()),
         # demand weights w = exp(tau * minmax(r)); a constant r gives ones       -> w_col [n, 1]
-        n("ReduceMin", ["relevance"], ["r_min"], keepdims=0),
-        n("ReduceMax", ["relevance"], ["r_max"], keepdims=0),
-        n("Sub", ["r_max", "r_min"], ["span"]),
-        n("Greater", ["span", "zero_f"], ["has_span"]),
-        n("Where", ["has_span", "span", "one_f"], ["safe_span"]),
-        n("Sub", ["relevance", "r_min"], ["r_shift"]),
-        n("Div", ["r_shift", "safe_span"], ["r_scaled"]),
-        n("Where", ["has_span", "r_scaled", "zero_f"], ["r_unit"]),
+        *minmax_relevance("r_unit", "zero_f"),
         n("Mul", ["r_unit", "tau"], ["logit"]),
         n("Exp", ["logit"], ["w"]),
         n("Reshape", ["w", "shape_col"], ["w_col"]),
@@ -339,14 +297,14 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         n("Concat", ["gain0", "neg_inf_k"], ["ub0"], axis=0),  # [n + K]
         # the fallback's row blocks of A^T (_block_sums): b = ceil(n / FULL_BLOCKS) rows, block j starts at
         # min(j * b, n - b)
-        _const("blk_count_minus_1", FULL_BLOCKS - 1, np.int64),
-        _const("blk_count", FULL_BLOCKS, np.int64),
+        const("blk_count_minus_1", FULL_BLOCKS - 1, np.int64),
+        const("blk_count", FULL_BLOCKS, np.int64),
         n("Add", ["n_tokens", "blk_count_minus_1"], ["blk_n_up"]),
         n("Div", ["blk_n_up", "blk_count"], ["blk_rows"]),
         n("Range", ["zero_i", "blk_rows", "one_i"], ["blk_offsets"]),  # [b]
         n("Sub", ["n_tokens", "blk_rows"], ["blk_last_start"]),
         *[node for j in range(FULL_BLOCKS) for node in (
-            _const(f"blk_j_{j}", j, np.int64),
+            const(f"blk_j_{j}", j, np.int64),
             n("Mul", [f"blk_j_{j}", "blk_rows"], [f"blk_start_raw_{j}"]),
             n("Min", [f"blk_start_raw_{j}", "blk_last_start"], [f"blk_start_{j}"]),
             n("Add", ["blk_offsets", f"blk_start_{j}"], [f"blk_idx_{j}"]))],
@@ -356,21 +314,6 @@ def build_selector_loop_model(float_dtype: str = "float32", opset: int = 17) -> 
         # limit) cannot apply. Its parser rejects an omitted condition ("Node input was not registered").
         n("Loop", ["trip_count", "true", "c0", "ub0"], ["c_final", "ub_final", "picks"],
           body=_loop_body()),
-        # sort the picks ascending: TopK on float32 (exact for n < 2^24) sorts where int64 TopK is not portable
-        n("Reshape", ["picks", "shape_1_neg"], ["picks_flat"]),
-        n("Cast", ["picks_flat"], ["picks_f"], to=TensorProto.FLOAT),
-        n("Reshape", ["trip_count", "shape_1"], ["k_1d"]),
-        n("TopK", ["picks_f", "k_1d"], ["sorted_f", "sorted_pos"], axis=0, largest=0, sorted=1),
-        n("Cast", ["sorted_f"], ["keep"], to=TensorProto.INT64),
+        *sorted_keep(),  # keep [m] ascending
     ]
-    graph = helper.make_graph(
-        nodes,
-        "coverage_selector",
-        inputs=inputs,
-        outputs=selector_outputs(),
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
-                              producer_name="coverpruner")
-    model.ir_version = min(model.ir_version, 8 if opset <= 17 else 9)  # loadable by older onnxruntime builds
-    onnx.checker.check_model(model)
-    return model
+    return selector_model(nodes, "coverage_selector", inputs, selector_outputs(), opset)

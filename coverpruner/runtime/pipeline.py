@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import hashlib
 import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, REQUIRED_GRAPHS, IntegrityCheck, Manifest, graph_spec,
-                                    load_manifest, position_ids_input, verify_files)
+from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, METHOD_GRAPHS, REQUIRED_GRAPHS, IntegrityCheck, Manifest,
+                                    graph_spec, load_manifest, position_ids_input, verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type, shrink_arena_options
 from coverpruner.engines.ort_decoder import OrtDecoderSession
@@ -98,7 +99,9 @@ class TextStream:
 #: selector="auto" runs the dir's loop-form selector.onnx, except on the CPU provider above
 #: selection.blocked.FLOAT64_MAX_N candidates: there numpy's similarity is a float32 syrk (a symmetric rank-k
 #: product, half the flops of the full GEMM ONNX Runtime runs), and the numpy backend is the faster one
-#: (n = 2,880, d = 4,096, m = 320: docs/performance.md, benchmarks/bench_select_stage.py).
+#: (n = 2,880, d = 4,096, m = 320: docs/performance.md, benchmarks/bench_select_stage.py). The peers' graphs
+#: (selector_dart / selector_cdpruner) run at every n: faster than their numpy selectors at every measured shape
+#: (docs/performance.md, "The peers' selectors").
 SELECTOR_BACKENDS = ("auto", "onnx", "numpy")
 
 
@@ -117,6 +120,16 @@ def ort_form_problem(manifest: Manifest, provider: str, session_factory) -> None
         raise OptionError(f"{manifest.root}: provider 'cuda' runs the ORT-form decoder in fp16 only (ONNX Runtime's "
                           f"CUDA GroupQueryAttention has no {manifest.precision} kernel); re-export with --dtype fp16 "
                           "--decoder-form ort", param="provider")
+
+
+def _missing_peer_graphs(manifest: Manifest) -> dict[str, str]:
+    """{peer method: why it selects in numpy} for the peers' selector graphs the dir lacks (exported before them),
+    with the command that adds them."""
+    root = manifest.root
+    return {method: (f"{root}: no {graph}.onnx (the dir was exported before it); method {method!r} selects with its "
+                     f"numpy selector: re-export it with `coverpruner-export --model MODEL --output {root} --dtype "
+                     f"{manifest.precision} --graphs {graph}` (no weights are loaded)")
+            for method, graph in METHOD_GRAPHS.items() if graph != "selector" and graph not in manifest.graphs}
 
 
 class Pipeline:
@@ -138,6 +151,13 @@ class Pipeline:
         #: how the coverpruner method selects: "auto" (see selector_for), "onnx" or "numpy"; "numpy" whenever no
         #: selector.onnx session was opened
         self.selector_backend = selector if "selector" in sessions else "numpy"
+        #: {method: why it selects in numpy}: a peer method whose selector graph the dir lacks or that would not
+        #: open; warned once, on the method's first selection (Pipeline.load fills it)
+        self.selector_fallbacks: dict[str, str] = {}
+        #: opens the peers' selector graphs on first use (Pipeline.load sets it; None: they select in numpy), so a
+        #: load that never runs dart / cdpruner pays nothing for them
+        self._peer_factory: SessionFactory | None = None
+        self._failed_peers: set[str] = set()
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
@@ -218,6 +238,7 @@ class Pipeline:
         # while the sessions load and the first request runs; answers wait for it (see _verified)
         integrity = verify_files(manifest, background=True) if verify else None
         ort_form_problem(manifest, provider, session_factory)
+        requested = selector  # "auto" without a loop-form selector.onnx still runs the peers' graphs
         if selector == "auto":
             has_loop = "selector" in manifest.graphs and manifest.raw.get("selector_form", "loop") == "loop"
             selector = "auto" if has_loop else "numpy"
@@ -240,6 +261,9 @@ class Pipeline:
                     integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
         pipe = cls(manifest, sessions, provider, selector, prefix_cache_mb)
+        if requested != "numpy":
+            pipe._peer_factory = factory
+            pipe.selector_fallbacks = _missing_peer_graphs(manifest)
         pipe._integrity = integrity
         return pipe
 
@@ -267,9 +291,14 @@ class Pipeline:
                     results[event.request_id] = event.result
         return [results[i] for i in ids]
 
-    def selector_for(self, n: int) -> str:
-        """The selector that runs the coverpruner method for an image of n candidates: "onnx" or "numpy"
-        (auto: the loop-form selector.onnx, but numpy on the CPU provider above FLOAT64_MAX_N candidates)."""
+    def selector_for(self, n: int, method: str = "coverpruner") -> str:
+        """The selector that runs `method` for an image of n candidates: "onnx" (its graph, METHOD_GRAPHS, on the
+        provider) or "numpy". coverpruner (auto): the loop-form selector.onnx, but numpy on the CPU provider above
+        FLOAT64_MAX_N candidates; dart / cdpruner: their graph whenever its session is open (not with
+        selector="numpy", nor for a dir without it: selector_fallbacks); the other methods: numpy."""
+        graph = METHOD_GRAPHS.get(method)
+        if graph != "selector":
+            return "onnx" if graph is not None and self._peer_session(method, graph) else "numpy"
         if self.selector_backend != "auto":
             return self.selector_backend
         return "numpy" if self.provider == "cpu" and n > FLOAT64_MAX_N else "onnx"
@@ -306,11 +335,21 @@ class Pipeline:
                  "visual_positions": visual_pos, "instruction_positions": instr_pos}
         return self.sessions["probe"].run(["relevance"], feeds)[0].astype(np.float32)
 
-    def select_onnx(self, feats: np.ndarray, relevance: np.ndarray, budget: int, tau: float) -> np.ndarray:
-        """selector.onnx: V [n,d], relevance float32 [n] -> keep int64 [m] ascending."""
-        feeds = {"image_features": feats, "relevance": relevance.astype(np.float32),
-                 "budget": np.array(budget, dtype=np.int64), "tau": np.array(tau, dtype=np.float32)}
-        return self.sessions["selector"].run(["keep"], feeds)[0].astype(np.int64)
+    def select_onnx(self, feats: np.ndarray, relevance: np.ndarray | None, budget: int, tau: float,
+                    method: str = "coverpruner", options: dict | None = None) -> np.ndarray:
+        """The selector graph of `method` (METHOD_GRAPHS: selector.onnx, selector_dart.onnx, ...): V [n,d],
+        relevance float32 [n] (None for a method that does not read it), the budget, tau and the method's options
+        (dart's pivots, cdpruner's relevance_weight) fed by the graph's input names and dtypes -> keep int64 [m]
+        ascending."""
+        graph = METHOD_GRAPHS[method]
+        given = {"image_features": feats, "relevance": relevance, "budget": budget, "tau": tau, **(options or {})}
+        inputs = graph_spec(self.manifest, graph).inputs
+        missing = [t.name for t in inputs if given.get(t.name) is None]
+        if missing:
+            raise ManifestError(f"{self.manifest.root / 'manifest.json'}: graphs.{graph}.inputs name {missing}, "
+                                f"which method {method!r} does not give")
+        feeds = {t.name: np.asarray(given[t.name], dtype=t.dtype) for t in inputs}
+        return self.sessions[graph].run(["keep"], feeds)[0].astype(np.int64)
 
     # -- generation -------------------------------------------------------------------------
     # Every public call takes its generation options by name: GenerationOptions' fields (budget, method, tau,
@@ -582,20 +621,48 @@ class Pipeline:
                 h.update(native.image_hashes[k])
         h.update(np.ascontiguousarray(layout.instruction_turn[j]).data)
         h.update(repr((j, request.method, request.budget, request.tau, request.seed, sorted(request.options.items()),
-                       self.selector_for(len(native.spans[j].candidates)))).encode())
+                       self.selector_for(len(native.spans[j].candidates), request.method))).encode())
         return h.digest()
 
     def _select_one(self, request: Request, feats: np.ndarray, relevance) -> np.ndarray:
         """One image's selector: V [n,d], relevance float32 [n] or None (uniform) -> keep int64 [m] ascending."""
         n = len(feats)
-        if request.method == "coverpruner" and relevance is not None and self.selector_for(n) == "onnx":
-            return self.select_onnx(feats, relevance, request.budget, request.tau)
-        if relevance is None and uses_relevance(request.method):
+        reads = uses_relevance(request.method)
+        backend = self.selector_for(n, request.method)
+        if backend == "onnx" and (relevance is not None or not reads):
+            return self.select_onnx(feats, relevance, request.budget, request.tau, request.method,
+                                    _method_kwargs(request))
+        self._warn_fallback(request.method)
+        if relevance is None and reads:
             relevance = np.ones(n, dtype=np.float32)  # no instruction text: constant demand = uniform weights
         # selectors ignore options they do not use (tau: coverpruner, seed: random)
         return np.asarray(_selector(request.method)(np.asarray(feats, np.float32), relevance=relevance,
                                                     budget=request.budget, tau=request.tau, seed=request.seed,
                                                     **_method_kwargs(request)), dtype=np.int64)
+
+    def _peer_session(self, method: str, graph: str) -> bool:
+        """Whether peer `method`'s selector graph has a session, opening it on first use. A graph the dir lacks or
+        that will not open (e.g. no TensorRT engine built for it) does not fail the request: the method selects in
+        numpy (same tokens up to float near-ties) and selector_fallbacks says why."""
+        if graph in self.sessions:
+            return True
+        if self._peer_factory is None or graph not in self.manifest.graphs or method in self._failed_peers:
+            return False
+        try:
+            self.sessions[graph] = self._peer_factory(graph, graph_spec(self.manifest, graph).path)
+        except (RuntimeError, OSError, ValueError) as exc:
+            self._failed_peers.add(method)
+            self.selector_fallbacks[method] = (f"{self.manifest.root}: cannot open {graph} ("
+                                               f"{str(exc).splitlines()[0]}); method {method!r} selects with its "
+                                               "numpy selector")
+            return False
+        return True
+
+    def _warn_fallback(self, method: str) -> None:
+        """Say once per pipeline why `method`, which has a selector graph, selects in numpy here."""
+        why = self.selector_fallbacks.pop(method, None)
+        if why is not None:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
 
     def _select_windowed(self, request: Request, span, relevance, window: int) -> np.ndarray:
         """A video's selection within temporal windows of ``window`` temporal patches (the request option

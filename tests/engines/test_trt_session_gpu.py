@@ -54,13 +54,19 @@ def _feeds(manifest, rng):
         "selector": {"image_features": rng.standard_normal((n, hidden)).astype(np.float32),
                      "relevance": rng.random(n).astype(np.float32),
                      "budget": np.array(8, np.int64), "tau": np.array(0.3, np.float32)},
+        "selector_dart": {"image_features": rng.standard_normal((n, hidden)).astype(np.float32),
+                          "budget": np.array(8, np.int64), "pivots": np.array(3, np.int64)},
+        "selector_cdpruner": {"image_features": rng.standard_normal((n, hidden)).astype(np.float32),
+                              "relevance": rng.random(n).astype(np.float32), "budget": np.array(8, np.int64),
+                              "relevance_weight": np.array(0.5, np.float32)},
         "decoder": {"inputs_embeds": rng.standard_normal((1, 30, hidden)).astype(np.float32),
                     "attention_mask": np.ones((1, 30), np.int64),
                     "position_ids": np.arange(30, dtype=np.int64)[None], **kv},
     }
 
 
-@pytest.mark.parametrize("graph", ["vision", "embed", "probe", "selector", "decoder"])
+@pytest.mark.parametrize("graph", ["vision", "embed", "probe", "selector", "selector_dart", "selector_cdpruner",
+                                   "decoder"])
 def test_engine_matches_onnxruntime(built_dir, trt_module, graph):
     from coverpruner.engines.trt_session import TrtSessionFactory
 

@@ -20,6 +20,8 @@ CONTRACT = {  # docs/engine-dir.md: tensor names are the contract
     "embed": (["input_ids"], ["inputs_embeds"]),
     "probe": (["inputs_embeds", "position_ids", "visual_positions", "instruction_positions"], ["relevance"]),
     "selector": (["image_features", "relevance", "budget", "tau"], ["keep"]),
+    "selector_dart": (["image_features", "budget", "pivots"], ["keep"]),
+    "selector_cdpruner": (["image_features", "relevance", "budget", "relevance_weight"], ["keep"]),
     "decoder": (["inputs_embeds", "attention_mask", "position_ids", "past_key_values.0.key",
                  "past_key_values.0.value", "past_key_values.1.key", "past_key_values.1.value"],
                 ["logits", "present.0.key", "present.0.value", "present.1.key", "present.1.value"]),

@@ -62,13 +62,21 @@ def test_every_method_keeps_budget_sorted(pipe, demo_image, demo_n, method):
 
 @pytest.mark.parametrize("method, options", [("dart", {}), ("dart", {"pivots": 3}), ("cdpruner", {}),
                                              ("cdpruner", {"relevance_weight": 0.5})])
-def test_peer_methods_keep_their_literal_references_tokens(pipe, demo_image, method, options):
+def test_peer_methods_keep_their_literal_references_tokens(pipe, demo_image, method, options, monkeypatch):
     """DART / CDPruner through the pipeline keep what tests/literal_peers.py keeps on the family's own V and
-    layer-0 relevance (the candidates' rows the selector saw), and report the options they ran with."""
+    layer-0 relevance (the candidates' rows the selector saw), and report the options they ran with. They select
+    with the engine dir's selector graph (selector_dart.onnx / selector_cdpruner.onnx, listed in the manifest) on
+    the provider: the numpy selectors only where a dir lacks it (tests/runtime/test_peer_method_paths.py)."""
+    graph = f"selector_{method}"
+    assert graph in pipe.manifest.graphs and pipe.manifest.graphs[graph].path.is_file()
     request = pipe.request(demo_image, Q, budget=20, method=method, max_new_tokens=2, **options)
     native = pipe.native_sequence(request)
     feats = np.asarray(native.spans[0].features, np.float32)
+    assert pipe.selector_for(len(feats), method) == "onnx"
+    ran, real = [], pipe.select_onnx
+    monkeypatch.setattr(pipe, "select_onnx", lambda *a: ran.append(a[4]) or real(*a))
     r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, **options)
+    assert ran == [method]
     if method == "dart":
         want = dart_reference(feats, 20, options.get("pivots", 8))
     else:

@@ -13,7 +13,7 @@ import pytest
 from tests.trt_plans import is_trt_rtx_plan
 
 pytestmark = [pytest.mark.tensorrt, pytest.mark.slow]
-GRAPHS = {"vision", "embed", "probe", "selector", "decoder"}
+GRAPHS = {"vision", "embed", "probe", "selector", "selector_dart", "selector_cdpruner", "decoder"}
 
 
 def test_every_graph_builds(trt_rtx, family, tmp_path, monkeypatch):
@@ -50,7 +50,8 @@ def test_every_graph_builds(trt_rtx, family, tmp_path, monkeypatch):
         assert hashlib.sha256(blob).hexdigest() == rec["sha256"]
     n, hidden = manifest["visual"]["max_visual_tokens"], manifest["dims"]["hidden_size"]
     assert section["engines"]["probe"]["profile"]["visual_positions"] == {"min": [1], "opt": [n], "max": [n]}
-    sel = section["engines"]["selector"]
-    assert sel["shape_inputs"] == {"budget": {"min": [16], "opt": [16], "max": [64]}}
-    assert sel["profile"]["image_features"]["max"] == [n, hidden]
+    for graph in ("selector", "selector_dart", "selector_cdpruner"):  # every selector graph takes the budgets
+        sel = section["engines"][graph]
+        assert sel["shape_inputs"] == {"budget": {"min": [16], "opt": [16], "max": [64]}}, graph
+        assert sel["profile"]["image_features"]["max"] == [n, hidden], graph
     family.facts.check_trt_profiles(section, manifest)

@@ -1,7 +1,7 @@
 """LLaVA-1.5 session fixtures (loaded by tests/conftest.py for every folder) and HF-side helpers.
 
 `tiny_checkpoint` -> llava-hf-format checkpoint (preset "tiny": 144 visual tokens, Llama with GQA 4 heads / 2 kv
-heads, 2 layers, hidden 64, locally trained BPE tokenizer); `tiny_export` -> its fp32 engine dir (all five graphs,
+heads, 2 layers, hidden 64, locally trained BPE tokenizer); `tiny_export` -> its fp32 engine dir (every graph,
 manifest.json); both from the shared `builds` chain. `hf_model` / `hf_processor` / `hf` / `request_inputs`: the
 HF-side references of the parity tests.
 """
