@@ -337,7 +337,6 @@ class Engine:
             seq.t_decode = t
             events.append(self._take_token(seq, row, masks, mask_of, dead, first=True))
         return [e for e in events if e is not None]
-        return events
 
     def _take_token(self, seq: _Sequence, logits: np.ndarray, masks, mask_of: dict, dead: set[int],
                     first: bool = False) -> EngineEvent | None:
