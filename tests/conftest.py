@@ -85,6 +85,21 @@ class Builds:
         return self._memo[key]
 
 
+#: test files that run on one xdist worker together (--dist loadgroup): both build every family's engine dirs on
+#: first use, so on two workers one would wait on the other's file lock for each export (minutes idle)
+SHARED_WORKER = {"tests/matrix/test_pipeline_api.py": "matrix-pipeline",
+                 "tests/matrix/test_pipeline_reference.py": "matrix-pipeline"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the marks into scheduling groups
+def pytest_collection_modifyitems(config, items):
+    """--dist loadgroup schedules by file (each file's tests on one worker: its module fixtures built once), with
+    the files of SHARED_WORKER grouped."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(path, path)))
+
+
 @pytest.fixture(scope="session")
 def builds(tmp_path_factory) -> Builds:
     return Builds(tmp_path_factory)

@@ -23,7 +23,7 @@ from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, GenerationOpti
 #: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
                  "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-                 "logit_bias": "logit_bias"}
+                 "logit_bias": "logit_bias", "response_format": "response_format"}
 #: OpenAI body fields this server takes but that change nothing here (bookkeeping for OpenAI's own platform)
 NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
 #: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the

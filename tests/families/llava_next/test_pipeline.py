@@ -34,7 +34,8 @@ class _FirstTokenIs:
     def __init__(self, first):
         self.first, self.calls = first, 0
 
-    def sample(self, logits):
+    def sample(self, logits, allowed=None):  # allowed: a grammar's mask (None here: no response_format)
+        assert allowed is None
         self.calls += 1
         return self.first if self.calls == 1 else int(np.asarray(logits).reshape(-1).argmax())
 
@@ -47,7 +48,7 @@ def test_generated_image_token_is_an_ordinary_token(next_pipe, next_hf_model, re
     image, prompt, req = requests_[IDS[0]]
     image_id = next_hf_model.config.image_token_id
     forced = _FirstTokenIs(image_id)
-    monkeypatch.setattr(engine_module, "Sampler", lambda config: forced.sample)
+    monkeypatch.setattr(engine_module, "Sampler", lambda config, stream=0: forced.sample)
     got = next_pipe.generate(image, prompt, budget="full", max_new_tokens=NEW)
     want = ref.forced_first_token_generate(next_hf_model, req, image_id, NEW)
     assert got.token_ids[0] == image_id and got.token_ids == want
