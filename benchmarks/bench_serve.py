@@ -210,6 +210,26 @@ def plot_title() -> str:
             "fixed answer length")
 
 
+
+def _demo_image_url() -> str:
+    """coverpruner/assets/demo.png as a data URL (what every mode sends)."""
+    return "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+
+
+def _logs(workdir: Path) -> Path:
+    """workdir/logs (the servers' logs), made if missing."""
+    logs = workdir / "logs"
+    logs.mkdir(exist_ok=True)
+    return logs
+
+
+def _write_json(out: Path, data: dict) -> None:
+    """The results JSON, through a temporary and a rename (never half-written)."""
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    tmp.replace(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workdir", type=Path, default=Path("/tmp/coverpruner-bench-serve"),
@@ -248,7 +268,7 @@ def main(argv=None) -> int:
         return main_streams(args, argv)
     from coverpruner.demo import prepare as prepare_tiny
 
-    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
+    image_url = _demo_image_url()
     engines = {"tiny": (prepare_tiny(args.workdir), dict(budget=16, new_tokens=16, visual_tokens=144,
                                                          requests=8 if args.quick else args.tiny_requests))}
     if not args.quick:
@@ -256,8 +276,7 @@ def main(argv=None) -> int:
 
         engines["llava-1.5-7b-2l"] = (prepare_real(args.workdir, 2, "fp32"),
                                       dict(budget=64, new_tokens=8, visual_tokens=576, requests=args.real_requests))
-    logs = args.workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _logs(args.workdir)
     results = {name: bench_engine(name, eng, spec, image_url, logs, rss=not args.quick and name == "tiny")
                for name, (eng, spec) in engines.items()}
     for name, r in results.items():
@@ -296,8 +315,7 @@ def main_streams(args, argv) -> int:
     engine = prepare_real(args.workdir, 2, "fp32")
     png = ROOT / "coverpruner/assets/demo.png"
     image_url = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode()
-    logs = args.workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs = _logs(args.workdir)
     load0 = os.getloadavg()[0]
     data = {"benchmark": "serve_streams",
             "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -317,9 +335,7 @@ def main_streams(args, argv) -> int:
     tag = args.tag or "cpu"
     out = ROOT / "benchmarks" / "results" / f"serve_streams_{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(out)
+    _write_json(out, data)
     serve_streams.plot(out.with_suffix(".png"), data)
     for side in ("server", "engine"):
         if side in data:
@@ -336,9 +352,7 @@ def main_loop(args, argv) -> int:
     from bench_pipeline import prepare as prepare_real
 
     engine = prepare_real(args.workdir, 2, "fp32")
-    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
-    logs = args.workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    image_url, logs = _demo_image_url(), _logs(args.workdir)
     load0 = os.getloadavg()[0]
     data = {"benchmark": "serve_loop",
             "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -367,9 +381,7 @@ def main_loop(args, argv) -> int:
     data["load_average_1min"] = [load0, os.getloadavg()[0]]
     tag = args.tag or "cpu"
     out = ROOT / "benchmarks" / "results" / f"serve_loop_{tag}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(out)
+    _write_json(out, data)
     serve_loop.plot(out.with_suffix(".png"), data)
     print(f"8 at once: {data['throughput']['x_one_request']:.2f}x one request; turn-2 TTFT cache on "
           f"{on['median_ttft_s']:.2f} s vs off {off['median_ttft_s']:.2f} s = {data['ttft']['x_cache']:.2f}x; "
@@ -394,9 +406,7 @@ def main_fork(args, argv) -> int:
         from bench_pipeline import prepare as prepare_real
 
         engine, name = prepare_real(args.workdir, 2, "fp32"), "LLaVA-1.5-7B width, 2 layers, fp32"
-    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
-    logs = args.workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    image_url, logs = _demo_image_url(), _logs(args.workdir)
     load0 = os.getloadavg()[0]
     data = {"benchmark": "serve_fork",
             "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -417,9 +427,7 @@ def main_fork(args, argv) -> int:
         finally:
             server.stop()
         data["load_average_1min"] = [load0, os.getloadavg()[0]]
-        tmp = out.with_suffix(".json.tmp")  # written after each server: a cut-short run keeps what it measured
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(out)
+        _write_json(out, data)  # written after each server: a cut-short run keeps what it measured
         serve_fork.plot(out.with_suffix(".png"), data)
     for label, r in data["servers"].items():
         print(f"{label}: n={args.fork} {r['median_wall_s']['fork']:.2f} s vs {args.fork} separate "
@@ -437,9 +445,7 @@ def main_grammar(args, argv) -> int:
     from bench_pipeline import prepare as prepare_real
 
     engine = prepare_real(args.workdir, 2, "fp32")
-    image_url = "data:image/png;base64," + base64.b64encode((ROOT / "coverpruner/assets/demo.png").read_bytes()).decode()
-    logs = args.workdir / "logs"
-    logs.mkdir(exist_ok=True)
+    image_url, logs = _demo_image_url(), _logs(args.workdir)
     load0 = os.getloadavg()[0]
     data = {"benchmark": "serve_grammar",
             "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -453,9 +459,7 @@ def main_grammar(args, argv) -> int:
         image_url, args.rounds)
     data["load_average_1min"] = [load0, os.getloadavg()[0]]
     out = ROOT / "benchmarks" / "results" / f"serve_grammar_{args.tag or 'cpu'}.json"
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(out)
+    _write_json(out, data)
     serve_grammar.plot(out.with_suffix(".png"), data)
     med = data["server"]["median_decode_tokens_per_s"]
     print(f"decode tokens/s: json_schema {med['json_schema']:.1f} vs plain {med['plain']:.1f} = "
