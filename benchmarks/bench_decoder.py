@@ -21,8 +21,13 @@ int4 against q4_0, round-robin.
 
     python benchmarks/bench_decoder.py --workdir /tmp/bench_decoder --rounds 5      # both comparisons
     python benchmarks/bench_decoder.py --only llama --rounds 5                       # llama.cpp side only
+    python benchmarks/bench_decoder.py --only genai --model qwen3-vl-8b --rounds 5   # Qwen3-VL-8B widths
+
+--model qwen3-vl-8b: the same comparison at Qwen3-VL-8B widths (q/k norm, interleaved M-RoPE; a 1,048-token prompt
+around a 32x32 grid). onnxruntime-genai 0.18's builder takes Qwen3-VL as its text decoder only, without DeepStack
+inputs; our decoder's DeepStack inputs are bound to zeros, so both graphs compute the same function.
 Writes benchmarks/results/decoder_peers_cpu.json and .png (--only genai / llama: decoder_genai_cpu.*,
-decoder_llama_cpu.*).
+decoder_llama_cpu.*; --model qwen3-vl-8b: decoder_genai_qwen3-vl-8b_cpu.*).
 """
 
 from __future__ import annotations
@@ -44,13 +49,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 PROMPT = (15, 36, 9)  # text tokens, image grid side (merged patches), text tokens after the image
+#: --model: the shape-real preset whose 2-layer checkpoint both decoders are built from, and its image grid side
+#: (Qwen2.5-VL-7B at 1008x1008: 36 x 36 merged patches; Qwen3-VL-8B at 1024x1024: 32 x 32)
+MODELS = {"qwen2.5-vl-7b": 36, "qwen3-vl-8b": 32}
 NEW_TOKENS = 16
 LLAVA_PROMPT = 604  # LLaVA-1.5: 576 image tokens + the chat template and a question
 
 
-def native_positions() -> np.ndarray:
-    """[3, 1320] int64 M-RoPE positions (T, H, W) of text + 36x36 image + text, as Qwen2.5-VL's get_rope_index."""
-    pre, side, post = PROMPT
+def native_positions(pre: int = PROMPT[0], side: int = PROMPT[1], post: int = PROMPT[2]) -> np.ndarray:
+    """[3, pre + side^2 + post] int64 M-RoPE positions (T, H, W) of text + side x side image + text, as Qwen2.5-VL's
+    and Qwen3-VL's get_rope_index for one image (default: 1320 tokens, a 36x36 grid)."""
     t = list(range(pre)); h = list(range(pre)); w = list(range(pre))
     for i in range(side * side):
         t.append(pre); h.append(pre + i // side); w.append(pre + i % side)
@@ -60,22 +68,28 @@ def native_positions() -> np.ndarray:
     return np.array([t, h, w], dtype=np.int64)
 
 
-def prepare(workdir: Path, engines: list[str]) -> dict[str, Path]:
-    """Checkpoint and the four decoder graphs (built once, reused)."""
-    ckpt = workdir / "qwen2.5-vl-7b-2l"
+def prepare(workdir: Path, engines: list[str], model: str = "qwen2.5-vl-7b") -> dict[str, Path]:
+    """Checkpoint (the shape-real preset `model`, 2 layers) and the four decoder graphs (built once, reused)."""
+    ckpt = workdir / f"{model}-2l"
     if not (ckpt / "config.json").exists():
-        from coverpruner.testing.qwen_checkpoints import write_qwen_checkpoint
-        write_qwen_checkpoint(ckpt, "qwen2.5-vl-7b", layers=2)
-    paths = {"checkpoint": ckpt, **_ours(ckpt, workdir, "ours")}
+        from coverpruner.testing.checkpoints import write_checkpoint
+        write_checkpoint(ckpt, preset=model, layers=2, seed=0)
+    prefix = "" if model == "qwen2.5-vl-7b" else f"{model}-"  # the Qwen2.5-VL graphs keep their old folder names
+    paths = {"checkpoint": ckpt, **_ours(ckpt, workdir, f"{prefix}ours")}
     if "genai" in engines:
         for prec in ("fp32", "int4"):
-            out = workdir / f"genai-{prec}"
-            if not (out / "model.onnx").exists():
-                subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o",
-                                str(out), "-p", prec, "-e", "cpu", "-c", str(workdir / f"cache-{prec}"),
-                                "--extra_options", "exclude_embeds=true", "prune_lm_head=true"], check=True)
-            paths[f"genai-{prec}"] = out / "model.onnx"
+            paths[f"genai-{prec}"] = genai_model(ckpt, workdir / f"{prefix}genai-{prec}", prec)
     return paths
+
+
+def genai_model(ckpt: Path, out: Path, prec: str) -> Path:
+    """onnxruntime-genai's model builder on `ckpt` (text decoder, embeddings as input, last-token logits) into
+    `out` (built once, reused) -> its model.onnx."""
+    if not (out / "model.onnx").exists():
+        subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(ckpt), "-o", str(out),
+                        "-p", prec, "-e", "cpu", "-c", str(out.with_name(out.name + "-cache")),
+                        "--extra_options", "exclude_embeds=true", "prune_lm_head=true"], check=True)
+    return out / "model.onnx"
 
 
 class Embedder:
@@ -106,6 +120,12 @@ class Runner:
         self.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         shape = (1, cfg["kv_heads"], capacity, cfg["head_dim"])
         self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2 * cfg["layers"])]
+        # decoder extras (Qwen3-VL's DeepStack inputs, [1, S, hidden]): zeros, so that both graphs compute the same
+        # function (genai's decoder has no such input); the adds cost the same whatever the values
+        known = {"inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row",
+                 "attention_mask", "position_ids"}
+        self.extras = [i.name for i in self.sess.get_inputs()
+                       if i.name not in known and not i.name.startswith("past_key_values.")]
         self.cos = np.zeros((capacity, cfg["head_dim"] // 2), np.float32)
         self.sin = np.zeros_like(self.cos)
 
@@ -118,12 +138,15 @@ class Runner:
         if self.kind == "ours":
             c, n = self.cfg, past + s
             rows = positions if c["mrope_section"] else positions[0]  # [3, S] M-RoPE or [S]
-            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["head_dim"], c["theta"], c["mrope_section"])
+            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["head_dim"], c["theta"], c["mrope_section"],
+                                                             c["interleaved"])
             b.bind_cpu_input("seqlens_k", np.array([n - 1], np.int32))
             b.bind_cpu_input("total_sequence_length", np.array(n, np.int32))
             b.bind_cpu_input("rotary_cos", self.cos)
             b.bind_cpu_input("rotary_sin", self.sin)
             b.bind_cpu_input("rotary_row", np.array([[past + i for i in range(s)]], np.int64))
+            for name in self.extras:
+                b.bind_cpu_input(name, np.zeros_like(embeds))
         else:
             b.bind_cpu_input("attention_mask", np.ones((1, past + s), np.int64))
             b.bind_cpu_input("position_ids", np.ascontiguousarray(positions[:, None, :]))
@@ -159,7 +182,8 @@ def text_config(checkpoint: Path) -> dict:
     rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
     return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"],
                 head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
-                theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)), mrope_section=rope.get("mrope_section"))
+                theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)), mrope_section=rope.get("mrope_section"),
+                interleaved=bool(rope.get("mrope_interleaved", False)))
 
 
 class LlamaCppRunner:
@@ -311,17 +335,17 @@ def same_int4_weights(ours: Path, genai: Path) -> dict:
 
 
 def run(args) -> dict:
-    """Ours vs onnxruntime-genai on the Qwen2.5-VL-7B-width decoder, fp32 and int4, round-robin."""
+    """Ours vs onnxruntime-genai on the --model preset's decoder widths (2 layers), fp32 and int4, round-robin."""
     engines = ["ours"]
     skipped = {}
     if importlib.util.find_spec("onnxruntime_genai") is None:
         skipped["onnxruntime-genai"] = "not installed (pip install onnxruntime-genai)"
     else:
         engines.append("genai")
-    paths = prepare(args.workdir, engines)
+    paths = prepare(args.workdir, engines, args.model)
     cfg = text_config(paths["checkpoint"])
     embed = Embedder(paths["checkpoint"])
-    positions = native_positions()
+    positions = native_positions(PROMPT[0], MODELS[args.model], PROMPT[2])
     ids = np.random.default_rng(0).integers(0, 1000, positions.shape[1])
     prompt = embed(ids)
     capacity = positions.shape[1] + NEW_TOKENS
@@ -345,7 +369,7 @@ def run(args) -> dict:
     results["int4"]["fp32_prefill_logits_max_abs"] = float(np.abs(first["fp32"]["ours"]).max())
     if "genai" in engines:
         results["int4"]["same_4bit_weights_as_genai"] = same_int4_weights(paths["ours-int4"], paths["genai-int4"])
-    return {"checkpoint": "qwen2.5-vl-7b preset, 2 decoder layers, random weights",
+    return {"checkpoint": f"{args.model} preset, 2 decoder layers, random weights",
             "prompt_tokens": int(positions.shape[1]), "results": results, "skipped": skipped,
             "onnxruntime_genai": getattr(__import__("onnxruntime_genai"), "__version__", None)
             if "genai" in engines else None}
@@ -378,7 +402,7 @@ def plot(data: dict, png: Path) -> None:
             ax.set_title(f"{part['checkpoint'].split(',')[0]}: {title}", fontsize=9)
             for i, v in enumerate(values):
                 ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"2-layer decoders at 7B widths, {data['threads']} threads, ORT CPU: ours (ORT form) vs peers; "
+    fig.suptitle(f"2-layer decoders at real widths, {data['threads']} threads, ORT CPU: ours (ORT form) vs peers; "
                  f"load {data['platform']['load_average_1min']:.1f}", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)
@@ -391,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="round-robin rounds (median reported)")
     p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads (llama.cpp: n_threads)")
     p.add_argument("--only", choices=("genai", "llama"), default=None, help="run one of the two comparisons")
+    p.add_argument("--model", choices=sorted(MODELS), default="qwen2.5-vl-7b",
+                   help="preset of the genai comparison (default qwen2.5-vl-7b; qwen3-vl-8b: ours with its DeepStack "
+                        "inputs bound to zeros, genai's text decoder, which has none)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results",
                    help="folder for the JSON and PNG")
     args = p.parse_args(argv)
@@ -408,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     data["platform"] = {**platform_info(), "load_average_1min_at_start": load0}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = {"llama": "decoder_llama_cpu", "genai": "decoder_genai_cpu"}.get(args.only, "decoder_peers_cpu")
+    if args.model != "qwen2.5-vl-7b":
+        stem = stem.replace("_cpu", f"_{args.model}_cpu")
     tmp = args.out / f"{stem}.json.tmp"
     tmp.write_text(json.dumps(data, indent=2))
     tmp.replace(args.out / f"{stem}.json")

@@ -3,7 +3,8 @@
 Presets: llava-1.5-7b (576 visual tokens; budgets full/128/64/32; checks at 64) and llava-next-7b (a 672x672
 image: 2x2 grid + base = 2,880 candidates + 48 newline rows; budgets full/640/320/160; checks at 320) and
 qwen2.5-vl-7b (1008x1008 image = 1,296 visual tokens; budgets full/512/256/128, checks at 128, 28 real layers;
-4 vision blocks).
+4 vision blocks) and qwen3-vl-8b (1024x1024 = 1,024 visual tokens, DeepStack features gathered with the kept rows;
+budgets full/512/256/128, checks at 128, 36 real layers; 4 vision blocks).
 For each budget (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
 fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
 select, prefill and per-token decode. Checks, all from the same run, at the preset's check budget m:
@@ -19,6 +20,7 @@ of the paper's overhead table: similarity (cosine, centre, clip; float64) once a
     python benchmarks/bench_pipeline.py --preset llava-next-7b   # ~2 GB checkpoint, ~5 GB engine dir
     python benchmarks/bench_pipeline.py --quick                  # 1 repeat
     python benchmarks/bench_pipeline.py --preset qwen2.5-vl-7b --repeats 3   # ~3 GB checkpoint, ~8 GB
+    python benchmarks/bench_pipeline.py --preset qwen3-vl-8b --repeats 3     # ~3 GB checkpoint, ~9 GB
 
 The checkpoint (coverpruner-make-checkpoint --preset <preset> --layers 2) and its fp32 engine dir are
 built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.
@@ -40,13 +42,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("vision", "embed", "probe", "select", "prefill")
 #: preset -> checkpoint preset, budgets (round-robin), budget of checks (a)/(b), real decoder depth, request options
-#: side: the demo image resized to a square of this many pixels (None: the demo as is)
+#: side: the demo image resized to a square of this many pixels (None: the demo as is); the selector overhead rows
+#: of the paper's table are timed for llava-next-7b only
 PRESETS = {
     "llava-1.5-7b": {"budgets": ("full", 128, 64, 32), "check": 64, "real_layers": 32, "options": {}, "side": None},
     "llava-next-7b": {"budgets": ("full", 640, 320, 160), "check": 320, "real_layers": 32, "options": {},
                       "side": 672},
     "qwen2.5-vl-7b": {"budgets": ("full", 512, 256, 128), "check": 128, "real_layers": 28,
                       "options": {"image_size": (1008, 1008)}, "side": None},
+    # a square 1024 px image: smart resize keeps it (32 px per visual token) -> 32 x 32 = 1,024 visual tokens
+    "qwen3-vl-8b": {"budgets": ("full", 512, 256, 128), "check": 128, "real_layers": 36, "options": {},
+                    "side": 1024},
 }
 
 
@@ -218,6 +224,89 @@ def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
     img.save(path)
 
 
+def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, check, repeats: int,
+               threads: int | None) -> dict:
+    """--genai: our engine dir's decoder.onnx against onnxruntime-genai's model builder on the same checkpoint, the
+    full-budget prompt's length and layout (text, the square grid, text; native M-RoPE positions), round-robin,
+    medians of prefill and decode per token (bench_decoder.Runner: one IOBinding loop for both). Time to first
+    token of the whole request: ours pruned (this run's vision + embed + probe + select + prefill at `check`) and
+    unpruned, against genai's unpruned pipeline = this run's vision and embed (genai has no Qwen3-VL vision model:
+    its builder takes the text decoder only) + genai's prefill at full length."""
+    import gc
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import numpy as np
+    from bench_decoder import NEW_TOKENS, Embedder, Runner, genai_model, native_positions, summarize, text_config
+
+    side = int(round(n ** 0.5))
+    if side * side != n:
+        raise SystemExit(f"--genai: expected a square grid of visual tokens, got n={n}")
+    text = rows["full"]["prompt_tokens"] - n
+    pre = 4  # <|im_start|> user \n <|vision_start|> before the grid; the question and the assistant turn after
+    positions = native_positions(pre, side, text - pre)
+    cfg, embed = text_config(ckpt), Embedder(ckpt)
+    prompt = embed(np.random.default_rng(0).integers(0, 1000, positions.shape[1]))
+    cap = positions.shape[1] + NEW_TOKENS
+    threads = threads or os.cpu_count()
+    runners = {"ours": Runner("ours", engine / "decoder.onnx", cfg, cap, threads),
+               "genai": Runner("genai", genai_model(ckpt, workdir / f"{ckpt.name}-genai-fp32", "fp32"), cfg, cap,
+                               threads)}
+    out = {e: [] for e in runners}
+    for r in range(repeats + 1):  # round 0 warms both up and is dropped
+        for e in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
+            res = runners[e].generate(embed, prompt, positions)
+            if r:
+                out[e].append(res)
+            print(f"genai comparison round {r} {e}: prefill {res['prefill_ms']:.0f} ms, "
+                  f"decode {res['decode_ms']:.1f} ms/token", flush=True)
+    del runners
+    gc.collect()
+    dec = summarize(out, "genai")
+    t_full, t_m = rows["full"]["timings"], rows[str(check)]["timings"]
+    ttft = {"ours_pruned_s": sum(t_m[s] for s in STAGES),
+            "ours_full_s": sum(t_full[s] for s in STAGES),
+            "genai_full_s": t_full["vision"] + t_full["embed"] + dec["genai"]["prefill_ms"] / 1e3}
+    ttft["ours_pruned_over_genai_full"] = ttft["ours_pruned_s"] / ttft["genai_full_s"]
+    return {"prompt_tokens": int(positions.shape[1]), "check_budget": check, "decoder": dec, "ttft": ttft,
+            "note": "genai's builder takes Qwen3-VL's text decoder only (no DeepStack input); our DeepStack inputs "
+                    "are bound to zeros here so both graphs compute the same function (tokens_equal checks it); "
+                    "genai's TTFT borrows this run's vision and embed times"}
+
+
+def plot_genai(path: Path, peer: dict, title: str) -> None:
+    """Left: time to first token (ours pruned / ours full / genai full, stacked by stage); right: decoder prefill
+    and decode per token, ours vs genai."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    t = peer["ttft"]
+    a.bar(["ours\npruned", "ours\nfull", "genai\nfull"], [t["ours_pruned_s"], t["ours_full_s"], t["genai_full_s"]],
+          color=["#3366cc", "#88aadd", "#999999"])
+    for i, v in enumerate([t["ours_pruned_s"], t["ours_full_s"], t["genai_full_s"]]):
+        a.text(i, v, f"{v:.2f} s", ha="center", va="bottom", fontsize=8)
+    a.set_title(f"time to first token (budget {peer['check_budget']} vs full), s", fontsize=9)
+    d = peer["decoder"]
+    labels = ["prefill ms\n(full prompt)", "decode ms/token"]
+    x = np.arange(2)
+    for k, (e, col) in enumerate((("ours", "#3366cc"), ("genai", "#999999"))):
+        vals = [d[e]["prefill_ms"], d[e]["decode_ms_per_token"]]
+        b.bar(x + (k - 0.5) * 0.38, vals, 0.38, label=e, color=col)
+        for xi, v in zip(x, vals):
+            b.text(xi + (k - 0.5) * 0.38, v, f"{v:.0f}", ha="center", va="bottom", fontsize=8)
+    b.set_yscale("log")
+    b.set_xticks(x, labels)
+    b.legend(fontsize=8)
+    r = d["ours_vs_genai"]
+    b.set_title(f"decoder, {peer['prompt_tokens']} tokens: prefill {r['prefill_ratio']:.2f}x, decode "
+                f"{r['decode_ratio']:.2f}x genai", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="llava-1.5-7b",
@@ -234,6 +323,9 @@ def main(argv=None) -> int:
                    help="how the coverpruner method selects (Pipeline.load selector=; default auto: selector.onnx)")
     p.add_argument("--quick", action="store_true", help="1 repeat")
     p.add_argument("--tag", default=None, help="results file tag (default: <provider>)")
+    p.add_argument("--genai", action="store_true",
+                   help="after the budgets, the decoder against onnxruntime-genai's builder on the same checkpoint and "
+                        "the time to first token against genai's unpruned pipeline (needs onnxruntime-genai)")
     p.add_argument("--engine", type=Path, default=None,
                    help="use this engine dir instead of building the shape-real preset (smoke runs)")
     args = p.parse_args(argv)
@@ -247,7 +339,7 @@ def main(argv=None) -> int:
 
     pipe = Pipeline.load(engine, provider=args.provider, threads=args.threads, selector=args.selector)
     image = Image.open(ROOT / "coverpruner" / "assets" / "demo.png").convert("RGB")
-    if preset["side"]:  # LLaVA-NeXT: a square 672 px image fills the 2x2 grid, nothing is unpadded
+    if preset["side"]:  # LLaVA-NeXT: a square 672 px image fills the 2x2 grid, nothing is unpadded; Qwen3-VL 1024 px
         image = image.resize((preset["side"], preset["side"]), Image.BICUBIC)
     prompt = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
     for b in ("full", preset["check"]):  # warm-up: ORT arenas, first-run kernel selection
@@ -264,7 +356,8 @@ def main(argv=None) -> int:
               + " ".join(f"{s}={med[s] * 1e3:8.1f}ms" for s in STAGES)
               + f" decode/token={med['decode_per_token'] * 1e3:7.1f}ms", flush=True)
     analysis = analyse(rows, n, args.layers, preset["check"], preset["real_layers"])
-    selector_rows = selector_overhead(pipe, image, preset["budgets"][1:], repeats) if preset["side"] else None
+    selector_rows = (selector_overhead(pipe, image, preset["budgets"][1:], repeats)
+                     if args.preset == "llava-next-7b" else None)
     print(f"T = {analysis['text_tokens']} non-candidate tokens (text, newline rows); per-layer prefill at full = "
           f"{analysis['per_layer_prefill_full_s'] * 1e3:.1f} ms")
     for b, a in analysis["budgets"].items():
@@ -274,6 +367,19 @@ def main(argv=None) -> int:
               f" (ideal {a['ideal_speedup']:5.2f}x)")
     for k, ok in analysis["checks"].items():
         print(f"check {k}: {'PASS' if ok else 'FAIL'}")
+    selector_backend, selector_at_n = pipe.selector_backend, pipe.selector_for(n)
+    peer = None
+    if args.genai:
+        if args.engine is not None:
+            raise SystemExit("--genai builds genai's model from the preset's checkpoint: leave --engine out")
+        del pipe  # the two decoders below need the memory
+        peer = genai_peer(args.workdir / f"{args.preset}-{args.layers}l", engine, args.workdir, rows, n,
+                          preset["check"], repeats, args.threads)
+        r, t = peer["decoder"]["ours_vs_genai"], peer["ttft"]
+        print(f"vs onnxruntime-genai ({peer['prompt_tokens']} tokens): prefill {r['prefill_ratio']:.3f}x, decode/token "
+              f"{r['decode_ratio']:.3f}x, tokens equal {r['tokens_equal']}; TTFT ours at {preset['check']} "
+              f"{t['ours_pruned_s']:.2f} s vs genai full {t['genai_full_s']:.2f} s "
+              f"({t['ours_pruned_over_genai_full']:.3f}x)", flush=True)
 
     import onnxruntime
 
@@ -284,13 +390,13 @@ def main(argv=None) -> int:
         "benchmark": "pipeline", "command": "python benchmarks/bench_pipeline.py " + " ".join(argv or sys.argv[1:]),
         "preset": args.preset if args.engine is None else str(args.engine), "layers": args.layers,
         "precision": args.dtype, "method": args.method, "options": preset["options"],
-        "selector_backend": pipe.selector_backend, "selector_at_n": pipe.selector_for(n),
+        "selector_backend": selector_backend, "selector_at_n": selector_at_n,
         "provider": args.provider, "threads": args.threads, "repeats": repeats, "new_tokens": args.new_tokens,
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "onnxruntime": onnxruntime.__version__, "python": platform.python_version()},
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "num_visual_tokens": n, "timing_unit": "seconds (median)", "budgets": rows, "analysis": analysis,
-        "selector_overhead": selector_rows,
+        "selector_overhead": selector_rows, "onnxruntime_genai": peer,
     }
     name = f"{args.preset}-{args.layers}l" if args.engine is None else args.engine.name
     path = out_dir / f"pipeline_{name}_{tag}.json"
@@ -298,6 +404,10 @@ def main(argv=None) -> int:
     plot(path.with_suffix(".png"), rows, analysis,
          f"CoverPruner pipeline, {args.preset} widths, n={n}, {args.layers} decoder layers, {args.provider}, "
          f"{args.dtype}, {os.cpu_count()} CPUs (median of {repeats})")
+    if peer is not None:
+        plot_genai(path.with_name(path.stem + "_genai.png"), peer,
+                   f"{args.preset} widths, {args.layers} layers, fp32, {os.cpu_count()} CPUs: ours vs onnxruntime-genai "
+                   f"{__import__('onnxruntime_genai').__version__}")
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return 0 if all(analysis["checks"].values()) else 1
 

@@ -223,11 +223,12 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
 def build_from_checkpoint(checkpoint: str | Path, output: str | Path, precision: str = "fp32",
                           block_size: int = 32) -> Path:
     """build_ort_decoder for an HF checkpoint dir (benchmarks, tests): its family adapter loads the model (fp32)
-    and hands over the weights."""
+    and hands over the weights and its decoder extras (Qwen3-VL's DeepStack inputs), as export does."""
     from transformers import AutoConfig
 
     from coverpruner.families import family_for_model_type
 
-    family = family_for_model_type(AutoConfig.from_pretrained(str(checkpoint)).model_type)
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    family = family_for_model_type(config.model_type)
     weights = family.decoder_weights(family.load_model(Path(checkpoint), "float32"))
-    return build_ort_decoder(weights, output, precision, block_size)
+    return build_ort_decoder(weights, output, precision, block_size, extras=family.decoder_spec(config).extras)
