@@ -114,7 +114,7 @@ def test_generation_stops_at_context_end(family, engine_copy, demo_image):
 
 @pytest.mark.parametrize("kw,msg", [(dict(budget="abc"), "budget must be"), (dict(budget=0), "budget must be"),
                                     (dict(max_new_tokens=0), "max_new_tokens"), (dict(method="nope"), "unknown method"),
-                                    (dict(temperature=-1.0), "temperature"),
+                                    (dict(temperature=-1.0), "temperature"), (dict(tau=float("nan")), "tau must be"),
                                     (dict(method="cdpruner", relevance_weight=float("inf")), "relevance_weight must"),
                                     (dict(method="dart", relevance_weight=0.5), "not taken by method 'dart'")])
 def test_bad_options_fail_before_work(pipe, demo_image, kw, msg):
