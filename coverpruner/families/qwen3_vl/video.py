@@ -23,16 +23,16 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
-from coverpruner.errors import ImageError, VideoError
-from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, normalize, patchify
-from coverpruner.images import load_rgb
-from coverpruner.video import VideoCost, VideoInput, probe_video, read_video
+from coverpruner.errors import VideoError
+from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+from coverpruner.families.qwen_vl import (frame_list, frame_size, normalize, patchify, pixel_limits, probe_header,
+                                          read_frames, resize_rgb, sample_indices, video_tokens)
+from coverpruner.families.qwen_vl_base import VIDEO_TOKEN
+from coverpruner.video import VideoCost, VideoInput
 
 #: frames per video a request may hold when neither the request nor the manifest says (option max_video_frames)
 DEFAULT_MAX_VIDEO_FRAMES = 64
-VIDEO_TOKEN = "<|video_pad|>"
 
 
 @dataclass(frozen=True)
@@ -48,13 +48,8 @@ class Qwen3VideoSettings:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Qwen3VideoSettings":
-        size = d.get("size") or {}
-        kw = {}
-        if "shortest_edge" in size:
-            kw["min_pixels"] = int(size["shortest_edge"])
-        if "longest_edge" in size:
-            kw["max_pixels"] = int(size["longest_edge"])
-        for key in ("min_pixels", "max_pixels", "min_frames", "max_frames"):
+        kw = pixel_limits(d)
+        for key in ("min_frames", "max_frames"):
             if d.get(key) is not None:
                 kw[key] = int(d[key])
         if d.get("fps") is not None:
@@ -113,11 +108,6 @@ def sample_count(total: int, video_fps: float, fps: float, v: Qwen3VideoSettings
     return min(max(n, v.min_frames), v.max_frames if max_frames is None else int(max_frames), total)
 
 
-def sample_indices(total: int, n: int) -> np.ndarray:
-    """int64 [n]: round(linspace(0, total - 1, n)) (round half to even, as numpy in HF)."""
-    return np.linspace(0, total - 1, n).round().astype(np.int64)
-
-
 def timestamps(indices, fps: float, temporal: int = 2) -> tuple[float, ...]:
     """Seconds of each temporal patch: indices padded with the last to a multiple of ``temporal``, index / fps,
     the mean of each patch's first and last."""
@@ -144,17 +134,7 @@ def _sampled(video: VideoInput, total: int, video_fps: float, v: Qwen3VideoSetti
 def _frames(video: VideoInput, v: Qwen3VideoSettings, limit: int, where: str):
     """(uint8 RGB frames, the frame indices, the rate the indices count at)."""
     if video.is_frames:
-        frames = list(video.video)
-        if not frames:
-            raise VideoError(f"{where}: the frame list is empty")
-        if len(frames) > limit:
-            raise VideoError(f"{where}: {len(frames)} frames; at most {limit} per video (max_video_frames)")
-        rgb = []
-        for k, frame in enumerate(frames):
-            try:
-                rgb.append(load_rgb(frame, True)[1])
-            except ImageError as exc:
-                raise VideoError(f"{where}: frame {k}: {exc}") from None
+        rgb = frame_list(video, limit, where)
         return rgb, np.arange(len(rgb)), v.fps if video.fps is None else float(video.fps)
     box = {}
 
@@ -162,11 +142,7 @@ def _frames(video: VideoInput, v: Qwen3VideoSettings, limit: int, where: str):
         box["idx"] = sample_indices(total, _sampled(video, total, video_fps, v, limit, where))
         return box["idx"]
 
-    try:
-        frames, rate = read_video(video.video, pick)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    frames, rate = read_frames(video, pick, where)
     return frames, box["idx"], rate
 
 
@@ -176,19 +152,15 @@ def video_cost(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSettings, 
     line) for an unreadable header or more than ``limit`` frames."""
     if video.is_frames:
         return None
-    try:
-        header = probe_video(video.video)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    header = probe_header(video, where)
     n = (_sampled(video, header.frames, header.fps, v, limit, where) if header.frames > 0
          else limit if video.max_frames is None else min(video.max_frames, limit))
     try:
-        h, w = video_smart_resize(n, header.height, header.width, s.factor, v.min_pixels, v.max_pixels)
+        size = video_smart_resize(n, header.height, header.width, s.factor, v.min_pixels, v.max_pixels)
     except (ValueError, ZeroDivisionError) as exc:
         raise VideoError(f"{where}: frames {header.width}x{header.height}: {exc}") from None
     n += n % s.temporal_patch_size
-    return VideoCost(n, header.height, header.width, (n // s.temporal_patch_size) * (h // s.factor) * (w // s.factor))
+    return VideoCost(n, header.height, header.width, video_tokens(n, size, s))
 
 
 def sampled_frames(video: VideoInput, v: Qwen3VideoSettings, limit: int = DEFAULT_MAX_VIDEO_FRAMES,
@@ -203,20 +175,12 @@ def preprocess_video(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSett
     """A video content part -> Qwen3Video (module doc). VideoError (one line, starting with ``where``) for
     unreadable frames or files, frames of different sizes, a bad fps or more than ``limit`` frames."""
     frames, indices, fps = _frames(video, v, limit, where)
-    if not fps > 0:
-        raise VideoError(f"{where}: fps must be > 0, got {fps}")
-    sizes = {f.shape[:2] for f in frames}
-    if len(sizes) != 1:
-        raise VideoError(f"{where}: frames must all be the same size, got {sorted(sizes)} (height, width)")
-    h, w = frames[0].shape[:2]
+    h, w = frame_size(frames, fps, where)
     try:
         size = video_smart_resize(len(frames), h, w, s.factor, v.min_pixels, v.max_pixels, s.temporal_patch_size)
     except ValueError as exc:
         raise VideoError(f"{where}: frames {w}x{h}: {exc}") from None
-    if size != (h, w):
-        frames = [np.asarray(Image.fromarray(f).resize((size[1], size[0]), resample=s.resample)) for f in frames]
-    x = np.stack([normalize(f, s) for f in frames])
-    if pad := -len(x) % s.temporal_patch_size:
-        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-    patches, grid = patchify(x, s)
-    return Qwen3Video(patches, grid, len(x), timestamps(indices, fps, s.temporal_patch_size), fps, size, (h, w))
+    x = normalize(np.stack([resize_rgb(f, size, s.resample) for f in frames]).transpose(0, 3, 1, 2), s)
+    patches, grid = patchify(x, s)  # pads with the last frame to an even count
+    return Qwen3Video(patches, grid, grid[0] * s.temporal_patch_size, timestamps(indices, fps, s.temporal_patch_size),
+                      fps, size, (h, w))

@@ -136,7 +136,7 @@ def _hf_image(family, request, size):
 
     import torch
 
-    from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
+    from coverpruner.families.qwen_vl import QwenImageSettings, preprocess_qwen_image
     from coverpruner.families.qwen2_5_vl.vision import VISION_INPUTS, vision_inputs
     from tests.families.qwen2_5_vl.fixtures import sample_image
 
@@ -211,7 +211,7 @@ def decoder_case(family, request, case_id: str):
     import numpy as np
     import torch
 
-    from coverpruner.families.qwen2_5_vl.positions import decode_position
+    from coverpruner.families.qwen_vl import decode_position
     from tests.family_matrix import DecoderCase
 
     model = request.getfixturevalue("qwen_hf")

@@ -142,13 +142,14 @@ def _hf_image(family, request, size):
 
     import torch
 
-    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, preprocess_image
+    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+    from coverpruner.families.qwen_vl import preprocess_qwen_image
     from coverpruner.families.qwen3_vl.vision import vision_inputs
     from tests.families.qwen3_vl.fixtures import sample_image
 
     model = request.getfixturevalue("qwen3_hf")
     settings = Qwen3ImageSettings.from_dict(json.loads((family.checkpoint / "preprocessor_config.json").read_text()))
-    img = preprocess_image(sample_image(1, size), settings)
+    img = preprocess_qwen_image(sample_image(1, size), settings)
     vc = model.config.vision_config
     feed = vision_inputs(img.pixel_values, img.grid_thw, vc.spatial_merge_size, vc.num_position_embeddings)
     with torch.no_grad():
@@ -221,7 +222,7 @@ def decoder_case(family, request, case_id: str):
     import numpy as np
     import torch
 
-    from coverpruner.families.qwen3_vl.positions import decode_position
+    from coverpruner.families.qwen_vl import decode_position
     from tests.family_matrix import DecoderCase
 
     model = request.getfixturevalue("qwen3_hf")
