@@ -126,8 +126,12 @@ class QwenImage:
         return t * h * w // 4
 
 
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """(H, W) the Qwen2-VL processor resizes a height x width image to (the processor's own rule).
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int, frames: int = 1,
+                 temporal: int = 1) -> tuple[int, int]:
+    """(H, W) the Qwen2-VL processor resizes a height x width image to (the processor's own rule): sides multiples of
+    ``factor``, the aspect ratio kept as closely as possible, t_bar * H * W within [min_pixels, max_pixels] where
+    t_bar is ``frames`` rounded to a multiple of ``temporal`` (1 for an image; Qwen3-VL's video rule bounds the
+    whole clip: qwen3_vl/video.py).
 
     Raises ValueError for an aspect ratio above 200 (as HF does).
     """
@@ -135,12 +139,13 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
     h_bar = round(height / factor) * factor
     w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
+    t_bar = round(frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
         h_bar = max(factor, math.floor(height / beta / factor) * factor)
         w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
+    elif t_bar * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar

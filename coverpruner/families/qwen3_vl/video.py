@@ -19,7 +19,6 @@ Qwen3VLProcessor's timestamped layout (rules re-stated from transformers 5.24, n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +26,8 @@ import numpy as np
 from coverpruner.errors import VideoError
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
 from coverpruner.families.qwen_vl import (frame_list, frame_size, normalize, patchify, pixel_limits, probe_header,
-                                          read_frames, resize_rgb, sample_indices, video_tokens)
+                                          read_frames, resize_rgb, sample_indices, smart_resize,
+                                          video_tokens)
 from coverpruner.families.qwen_vl_base import VIDEO_TOKEN
 from coverpruner.video import VideoCost, VideoInput
 
@@ -82,24 +82,12 @@ class Qwen3Video:
 
 def video_smart_resize(num_frames: int, height: int, width: int, factor: int, min_pixels: int,
                        max_pixels: int, temporal: int = 2) -> tuple[int, int]:
-    """(H, W) of every frame (module doc): t_bar * H * W within [min_pixels, max_pixels]. ValueError (one line)
-    for an aspect ratio above 200."""
+    """(H, W) of every frame (module doc): a side shorter than ``factor`` first scaled up, then qwen_vl.smart_resize
+    bounding t_bar * H * W within [min_pixels, max_pixels]. ValueError (one line) for an aspect ratio above 200."""
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    t_bar = round(num_frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return smart_resize(height, width, factor, min_pixels, max_pixels, num_frames, temporal)
 
 
 def sample_count(total: int, video_fps: float, fps: float, v: Qwen3VideoSettings, max_frames: int | None) -> int:
