@@ -108,11 +108,11 @@ class QwenImageSettings:
 
 @dataclass(frozen=True)
 class QwenImage:
-    """One preprocessed image.
+    """One preprocessed image (and the base of the families' video results, which add their timing fields).
 
-    pixel_values: float32 [N, C*T*P*P] patches in merge-block-major order (N = gh*gw);
-    grid_thw: (1, gh, gw) in patches; resized: (H, W) in pixels of the resized image;
-    original: (H, W) of the input image. The number of visual tokens is n = gh*gw / merge^2.
+    pixel_values: float32 [N, C*T*P*P] patches in merge-block-major order (N = t*gh*gw), temporal patch by temporal
+    patch; grid_thw: (t, gh, gw) in patches (t = 1 for an image); resized: (H, W) in pixels of the resized image or
+    frames; original: (H, W) of the input. The number of visual tokens is n = t*gh*gw / merge^2 (merge 2).
     """
 
     pixel_values: np.ndarray
@@ -180,7 +180,8 @@ def normalize(x: np.ndarray, s: QwenImageSettings) -> np.ndarray:
         x = (x.astype(np.float64) * s.rescale_factor).astype(np.float32)
     x = x.astype(np.float32, copy=False)
     if s.do_normalize:
-        x = (x - np.asarray(s.image_mean, np.float32)[:, None, None]) / np.asarray(s.image_std, np.float32)[:, None, None]
+        mean, std = np.asarray(s.image_mean, np.float32), np.asarray(s.image_std, np.float32)
+        x = (x - mean[:, None, None]) / std[:, None, None]
     return x
 
 

@@ -1,8 +1,8 @@
 """Random-weight Qwen2.5-VL checkpoints in the HF format, written locally (no downloads).
 
 `write_qwen_checkpoint(output, preset)` writes config.json, model.safetensors, a byte-level BPE tokenizer
-trained with `tokenizers` (testing/qwen_vl_common.py, shared with Qwen3-VL) (Qwen's specials: <|endoftext|>, <|im_start|>, <|im_end|>, <|vision_start|>,
-<|vision_end|>, <|image_pad|>, <|video_pad|>), preprocessor_config.json (Qwen2-VL image processor, PIL
+trained with `tokenizers` (testing/qwen_vl_common.py, shared with Qwen3-VL; Qwen's specials: <|endoftext|>,
+<|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>), preprocessor_config.json (Qwen2-VL image processor, PIL
 backend) and the chat template published with Qwen/Qwen2.5-VL-*-Instruct, so that
 `Qwen2_5_VLForConditionalGeneration` and `Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil(...))`
 load the directory like a hub checkpoint. (`AutoProcessor` would also build the video processor, which

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from coverpruner.errors import VideoError
-from coverpruner.families.qwen_vl import (QwenImageSettings, frame_list, frame_size, normalize, patchify, probe_header,
-                                          read_frames, resize_rgb, sample_indices, smart_resize, video_tokens)
+from coverpruner.families.qwen_vl import (QwenImage, QwenImageSettings, frame_list, frame_size, normalize, patchify,
+                                          probe_header, read_frames, resize_rgb, sample_indices, smart_resize,
+                                          video_tokens)
 from coverpruner.video import VideoCost, VideoInput
 
 FPS = 2.0
@@ -50,26 +51,13 @@ __all__ = ["DEFAULT_MAX_VIDEO_FRAMES", "FRAME_FACTOR", "QwenVideo", "file_pixel_
 
 
 @dataclass(frozen=True)
-class QwenVideo:
-    """One preprocessed video.
+class QwenVideo(QwenImage):
+    """One preprocessed video: qwen_vl.QwenImage's pixel_values [t*gh*gw, C*T*P*P] (T = temporal_patch_size),
+    grid_thw (t, gh, gw), resized (H, W) of every frame and original (H, W) of the input frames, plus num_frames:
+    frames after sampling and padding (= t*T) and second_per_grid_t: seconds one temporal patch spans (T / fps)."""
 
-    pixel_values: float32 [t*gh*gw, C*T*P*P] (T = temporal_patch_size), temporal patch by temporal patch, each in
-    merge-block-major order; grid_thw: (t, gh, gw); num_frames: frames after sampling and padding (= t*T);
-    second_per_grid_t: seconds one temporal patch spans (T / fps); resized: (H, W) of every frame; original: (H, W)
-    of the input frames.
-    """
-
-    pixel_values: np.ndarray
-    grid_thw: tuple[int, int, int]
-    num_frames: int
-    second_per_grid_t: float
-    resized: tuple[int, int]
-    original: tuple[int, int]
-
-    @property
-    def num_visual_tokens(self) -> int:
-        t, h, w = self.grid_thw
-        return t * h * w // 4  # merge 2 x 2, as QwenImage
+    num_frames: int = 0
+    second_per_grid_t: float = 0.0
 
 
 def _ceil(x: float, f: int) -> int:
@@ -178,4 +166,5 @@ def preprocess_qwen_video(video: VideoInput, s: QwenImageSettings, max_video_fra
     frames += [frames[-1]] * (nframes - len(frames))  # an even count, as qwen-vl-utils
     x = normalize(np.stack(frames).transpose(0, 3, 1, 2), s)  # [F, C, H, W]
     patches, grid = patchify(x, s)
-    return QwenVideo(patches, grid, grid[0] * s.temporal_patch_size, s.temporal_patch_size / fps, size, (h, w))
+    return QwenVideo(patches, grid, size, (h, w), num_frames=grid[0] * s.temporal_patch_size,
+                     second_per_grid_t=s.temporal_patch_size / fps)

@@ -6,7 +6,8 @@ One request (the checkpoint's chat template, no default system turn):
     "<|im_start|>user\\n<|vision_start|><|image_pad|>*n<|vision_end|>{prompt}<|im_end|>\\n<|im_start|>assistant\\n"
 The n image-pad rows take the main merger's outputs (the pruning candidates); DeepStack level k (k < the decoder's
 layers) is added to the hidden states decoder layer k outputs at the same rows: a decoder extra (contract v4,
-"visual_extra.k"), gathered with the kept indices. Positions: families/qwen_vl.py (native, decode at max + 1 + t), shared with Qwen2.5-VL.
+"visual_extra.k"), gathered with the kept indices. Positions: families/qwen_vl.py (native, decode at max + 1 + t),
+shared with Qwen2.5-VL.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import numpy as np
 
 from coverpruner.errors import VideoError
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
-from coverpruner.families.qwen_vl import (frame_list, frame_size, normalize, patchify, pixel_limits, probe_header,
-                                          read_frames, resize_rgb, sample_indices, smart_resize,
+from coverpruner.families.qwen_vl import (QwenImage, frame_list, frame_size, normalize, patchify, pixel_limits,
+                                          probe_header, read_frames, resize_rgb, sample_indices, smart_resize,
                                           video_tokens)
 from coverpruner.families.qwen_vl_base import VIDEO_TOKEN
 from coverpruner.video import VideoCost, VideoInput
@@ -62,22 +62,14 @@ class Qwen3VideoSettings:
 
 
 @dataclass(frozen=True)
-class Qwen3Video:
-    """pixel_values float32 [t*gh*gw, C*T*P*P]; grid_thw (t, gh, gw); num_frames after padding (t*T); timestamps:
-    seconds of each temporal patch [t]; fps the timestamps were computed with; resized / original (H, W)."""
+class Qwen3Video(QwenImage):
+    """qwen_vl.QwenImage's pixel_values [t*gh*gw, C*T*P*P], grid_thw (t, gh, gw), resized / original (H, W), plus
+    num_frames after padding (t*T), timestamps: seconds of each temporal patch [t], and the fps they were computed
+    with."""
 
-    pixel_values: np.ndarray
-    grid_thw: tuple[int, int, int]
-    num_frames: int
-    timestamps: tuple[float, ...]
-    fps: float
-    resized: tuple[int, int]
-    original: tuple[int, int]
-
-    @property
-    def num_visual_tokens(self) -> int:
-        t, h, w = self.grid_thw
-        return t * h * w // 4
+    num_frames: int = 0
+    timestamps: tuple[float, ...] = ()
+    fps: float = 0.0
 
 
 def video_smart_resize(num_frames: int, height: int, width: int, factor: int, min_pixels: int,
@@ -170,5 +162,5 @@ def preprocess_video(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSett
         raise VideoError(f"{where}: frames {w}x{h}: {exc}") from None
     x = normalize(np.stack([resize_rgb(f, size, s.resample) for f in frames]).transpose(0, 3, 1, 2), s)
     patches, grid = patchify(x, s)  # pads with the last frame to an even count
-    return Qwen3Video(patches, grid, grid[0] * s.temporal_patch_size, timestamps(indices, fps, s.temporal_patch_size),
-                      fps, size, (h, w))
+    return Qwen3Video(patches, grid, size, (h, w), num_frames=grid[0] * s.temporal_patch_size,
+                      timestamps=timestamps(indices, fps, s.temporal_patch_size), fps=fps)
