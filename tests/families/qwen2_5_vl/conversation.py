@@ -7,6 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+# HF keeps rope deltas between calls (before_generate clears them); one image through HF and the literal selector
+from tests.families.qwen_common import before_generate  # noqa: F401  (a hook the conversation reference looks up)
+from tests.families.qwen_common import single_image_reference as single_image
+
 #: pruned positions: "native" (kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows)
 POSITIONS = "native"
 
@@ -78,15 +82,8 @@ def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[
     return pos
 
 
-def before_generate(model) -> None:
-    """HF keeps rope deltas between calls: a previous call's must not leak into model.generate."""
-    model.model.rope_deltas = None
-
-
 def single_image_reference(fam, img, prompt: str, budget: int, steps: int):
     """(tokens, kept indices, relevance) from tests/families/qwen2_5_vl/hf_reference.py."""
     from tests.families.qwen2_5_vl import hf_reference as ref
 
-    req = ref.native_request(fam.model, fam.ckpt, img, prompt)
-    keep = ref.select(fam.model, req, "coverpruner", budget)
-    return ref.pruned_generate(fam.model, req, keep, steps, fam.eos), keep, ref.layer0_relevance(fam.model, req)
+    return single_image(ref, fam, img, prompt, budget, steps)
