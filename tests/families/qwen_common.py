@@ -135,6 +135,48 @@ def case_size(case_id: str) -> tuple[int, int]:
     return int(h), int(w)
 
 
+def graph_request(family, request, size, hf: str, hf_inputs, ours):
+    """(HF processor inputs, HF inputs_embeds [1,L,d] with HF's image features at our layout's visual rows, HF's
+    DeepStack levels scattered to [1,L,d] each ([] without DeepStack), our layout and native positions [3,L]) of
+    sample_image(3, size) with GRAPH_PROMPT, once per family and size. hf: the HF model's fixture name;
+    hf_inputs(checkpoint, image, prompt): the family's HF processor inputs; ours(engine_dir, image, prompt): the
+    family's our_request."""
+    def make():
+        import torch
+
+        model = request.getfixturevalue(hf)
+        image = sample_image(3, size)
+        ref = hf_inputs(family.checkpoint, image, GRAPH_PROMPT)
+        _, layout, positions = ours(family.export, image, GRAPH_PROMPT)
+        with torch.no_grad():
+            out = model.model.get_image_features(ref["pixel_values"], ref["image_grid_thw"])
+            embeds = model.model.get_input_embeddings()(ref["input_ids"])
+            embeds[0, torch.from_numpy(layout.visual_positions)] = out.pooler_output[0]
+            levels = []
+            for level in getattr(out, "deepstack_features", None) or []:
+                full = np.zeros(embeds.shape, np.float32)
+                full[0, layout.visual_positions] = level[0].numpy()
+                levels.append(full)
+        return ref, embeds.numpy(), levels, layout, positions
+    return family.memo(("graph_request", size), make)
+
+
+def hf_image(model, checkpoint: Path, settings_class, size):
+    """(our preprocessed sample_image(1, size) with the checkpoint's preprocessor_config.json read by
+    ``settings_class``, HF's get_image_features output on our pixels)."""
+    import json
+
+    import torch
+
+    from coverpruner.families.qwen_vl import preprocess_qwen_image
+
+    settings = settings_class.from_dict(json.loads((Path(checkpoint) / "preprocessor_config.json").read_text()))
+    img = preprocess_qwen_image(sample_image(1, size), settings)
+    with torch.no_grad():
+        out = model.model.get_image_features(torch.from_numpy(img.pixel_values), torch.tensor([img.grid_thw]))
+    return img, out
+
+
 def embed_case(model):
     """embed.onnx == HF's token table on a few ids."""
     import torch
@@ -179,17 +221,46 @@ def probe_case(model, ref: dict, embeds: np.ndarray, layout, positions: np.ndarr
     return GraphCase(feed, want, rtol=1e-4, atol=1e-7, check=check)
 
 
-def decode_step_inputs(model, positions: np.ndarray):
-    """step_inputs(step, token) of a DecoderCase: HF's embedding of the token at max(native) + step (HF's
-    get_rope_index continues there; the position is written here, not taken from coverpruner)."""
+def hf_decoder_case(model, ref: dict, embeds: np.ndarray, positions: np.ndarray, levels: list,
+                    reset_rope_deltas: bool = False, present_atol: float | None = None):
+    """DecoderCase: prefill of our native layout (embeds [1,L,d], positions [3,L], DeepStack ``levels`` [1,L,d] each
+    as the decoder extras visual_extra.k) against HF's whole model on its processor inputs ``ref`` (its own
+    positions and DeepStack), then one decode step at max(native)+1 in all rows (HF: the whole sequence again).
+    reset_rope_deltas: clear HF's cached rope deltas before each HF call (Qwen3-VL keeps them between calls);
+    present_atol: also compare the prefill's present keys with HF's cache."""
     import torch
 
-    start = int(np.max(positions)) + 1
+    from tests.family_matrix import DecoderCase
+
+    if reset_rope_deltas:
+        model.model.rope_deltas = None
+    with torch.no_grad():
+        out = model(**ref, use_cache=True)
+
+    def hf_logits(step, token):
+        if step == 0:
+            return out.logits[:, -1].numpy()
+        with torch.no_grad():
+            ids = torch.cat([ref["input_ids"], torch.tensor([[token]])], 1)
+            mm = torch.cat([ref["mm_token_type_ids"], torch.zeros(1, 1, dtype=ref["mm_token_type_ids"].dtype)], 1)
+            if reset_rope_deltas:
+                model.model.rope_deltas = None
+            return model(input_ids=ids, pixel_values=ref["pixel_values"], image_grid_thw=ref["image_grid_thw"],
+                         mm_token_type_ids=mm).logits[:, -1].numpy()
+
+    def check_present(present):
+        for i, layer in enumerate(out.past_key_values.layers):
+            np.testing.assert_allclose(present[2 * i], layer.keys.numpy(), rtol=0, atol=present_atol)
+
+    start = int(np.max(positions)) + 1  # HF's get_rope_index continues here; written here, not taken from coverpruner
 
     def step_inputs(step, token):
         emb = model.model.get_input_embeddings()(torch.tensor([[token]])).detach().numpy()
         return emb, np.full((3, 1, 1), start + step - 1, np.int64)
-    return step_inputs
+
+    return DecoderCase(embeds, np.ones((1, embeds.shape[1]), np.int64), positions[:, None], hf_logits, step_inputs,
+                       steps=1, check_present=check_present if present_atol is not None else None,
+                       extras={f"visual_extra.{k}": level for k, level in enumerate(levels)} or None)
 
 
 class QwenFacts:

@@ -61,44 +61,23 @@ DECODER_CASES = ["prefill-decode-300x250", "prefill-decode-140x420"]
 
 
 def _graph_request(family, request, size):
-    """(HF processor inputs, HF inputs_embeds [1,L,d] with image rows, our layout and native positions [3,L])."""
-    def make():
-        import torch
+    """qwen_common.graph_request with this family's HF inputs and request (no DeepStack levels)."""
+    from tests.families.qwen2_5_vl.fixtures import our_request
+    from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 
-        from tests.families.qwen2_5_vl.fixtures import our_request, sample_image
-        from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
-
-        model = request.getfixturevalue("qwen_hf")
-        image = sample_image(3, size)
-        ref = hf_inputs(family.checkpoint, image, GRAPH_PROMPT)
-        _, layout, positions = our_request(family.export, image, GRAPH_PROMPT)
-        with torch.no_grad():
-            feats = model.model.get_image_features(ref["pixel_values"], ref["image_grid_thw"]).pooler_output[0]
-            embeds = model.model.get_input_embeddings()(ref["input_ids"])
-            embeds[0, torch.from_numpy(layout.visual_positions)] = feats
-        return ref, embeds.numpy(), layout, positions
-    return family.memo(("graph_request", size), make)
+    return common.graph_request(family, request, size, "qwen_hf", hf_inputs, our_request)
 
 
 def _hf_image(family, request, size):
     """(our preprocessed image, vision.onnx feed, HF get_image_features(...).pooler_output [n,d] f32)."""
-    import json
-
-    import torch
-
-    from coverpruner.families.qwen_vl import QwenImageSettings, preprocess_qwen_image
+    from coverpruner.families.qwen_vl import QwenImageSettings
     from coverpruner.families.qwen2_5_vl.vision import VISION_INPUTS, vision_inputs
-    from tests.families.qwen2_5_vl.fixtures import sample_image
 
     model = request.getfixturevalue("qwen_hf")
-    settings = QwenImageSettings.from_dict(json.loads((family.checkpoint / "preprocessor_config.json").read_text()))
-    img = preprocess_qwen_image(sample_image(1, size), settings)
+    img, out = common.hf_image(model, family.checkpoint, QwenImageSettings, size)
     vc = model.config.vision_config
     inputs = vision_inputs(img.pixel_values, img.grid_thw, vc.spatial_merge_size, vc.window_size, vc.patch_size)
-    with torch.no_grad():
-        want = model.model.get_image_features(torch.from_numpy(img.pixel_values),
-                                              torch.tensor([img.grid_thw])).pooler_output[0].numpy()
-    return img, {k: inputs[k] for k in VISION_INPUTS}, want
+    return img, {k: inputs[k] for k in VISION_INPUTS}, out.pooler_output[0].numpy()
 
 
 def graph_case(family, request, case_id: str):
@@ -118,37 +97,16 @@ def graph_case(family, request, case_id: str):
     if graph == "embed":
         return common.embed_case(model)
     if graph == "probe":
-        ref, embeds, layout, positions = _graph_request(family, request, common.case_size(case_id))
+        ref, embeds, _, layout, positions = _graph_request(family, request, common.case_size(case_id))
         return common.probe_case(model, ref, embeds, layout, positions)
     _, _, feats = _hf_image(family, request, (300, 250))  # selector-<budget>
     return common.selector_case(feats, int(case_id.split("-")[1]))
 
 
 def decoder_case(family, request, case_id: str):
-    """Prefill of the native sequence (HF computes its own 3-D positions, get_rope_index; its present keys too)
-    and one decode step at max(native)+1 in all rows (HF: the whole sequence again, with its rope_deltas)."""
-    import numpy as np
-    import torch
-
-    from tests.family_matrix import DecoderCase
-
-    model = request.getfixturevalue("qwen_hf")
-    ref, embeds, layout, positions = _graph_request(family, request, common.case_size(case_id))
-    with torch.no_grad():
-        out = model(**ref, use_cache=True)
-
-    def hf_logits(step, token):
-        if step == 0:
-            return out.logits[:, -1].numpy()
-        with torch.no_grad():
-            ids = torch.cat([ref["input_ids"], torch.tensor([[token]])], 1)
-            mm = torch.cat([ref["mm_token_type_ids"], torch.zeros(1, 1, dtype=torch.long)], 1)
-            return model(input_ids=ids, pixel_values=ref["pixel_values"], image_grid_thw=ref["image_grid_thw"],
-                         mm_token_type_ids=mm).logits[:, -1].numpy()
-
-    def check_present(present):
-        for i, layer in enumerate(out.past_key_values.layers):
-            np.testing.assert_allclose(present[2 * i], layer.keys.numpy(), rtol=0, atol=1e-4)
-
-    return DecoderCase(embeds, np.ones((1, embeds.shape[1]), np.int64), positions[:, None], hf_logits,
-                       common.decode_step_inputs(model, positions), steps=1, check_present=check_present)
+    """Prefill of the native sequence (HF computes its own 3-D positions, get_rope_index; its present keys too,
+    float32 through 2 layers: 1e-4) and one decode step at max(native)+1 in all rows (HF: the whole sequence again,
+    with its rope_deltas)."""
+    ref, embeds, levels, _, positions = _graph_request(family, request, common.case_size(case_id))
+    return common.hf_decoder_case(request.getfixturevalue("qwen_hf"), ref, embeds, positions, levels,
+                                  present_atol=1e-4)

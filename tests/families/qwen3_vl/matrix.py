@@ -61,51 +61,22 @@ DECODER_CASES = ["prefill-decode-300x250"]
 
 
 def _graph_request(family, request, size):
-    """(HF processor inputs, HF inputs_embeds [1,L,d], DeepStack levels scattered to [1,L,d] each, our layout and
-    native positions [3,L])."""
-    def make():
-        import numpy as np
-        import torch
+    """qwen_common.graph_request with this family's HF inputs and request (DeepStack levels scattered to [1,L,d])."""
+    from tests.families.qwen3_vl.fixtures import our_request
+    from tests.families.qwen3_vl.hf_qwen3 import hf_inputs
 
-        from tests.families.qwen3_vl.fixtures import our_request, sample_image
-        from tests.families.qwen3_vl.hf_qwen3 import hf_inputs
-
-        model = request.getfixturevalue("qwen3_hf")
-        image = sample_image(3, size)
-        ref = hf_inputs(family.checkpoint, image, GRAPH_PROMPT)
-        _, layout, positions = our_request(family.export, image, GRAPH_PROMPT)
-        with torch.no_grad():
-            out = model.model.get_image_features(ref["pixel_values"], ref["image_grid_thw"])
-            embeds = model.model.get_input_embeddings()(ref["input_ids"])
-            rows = torch.from_numpy(layout.visual_positions)
-            embeds[0, rows] = out.pooler_output[0]
-            levels = []
-            for level in out.deepstack_features:
-                full = np.zeros(embeds.shape, np.float32)
-                full[0, layout.visual_positions] = level[0].numpy()
-                levels.append(full)
-        return ref, embeds.numpy(), levels, layout, positions
-    return family.memo(("graph_request", size), make)
+    return common.graph_request(family, request, size, "qwen3_hf", hf_inputs, our_request)
 
 
 def _hf_image(family, request, size):
     """(vision.onnx feed, HF main features [n,d], HF DeepStack levels [[n,d], ...]) for one image."""
-    import json
-
-    import torch
-
     from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
-    from coverpruner.families.qwen_vl import preprocess_qwen_image
     from coverpruner.families.qwen3_vl.vision import vision_inputs
-    from tests.families.qwen3_vl.fixtures import sample_image
 
     model = request.getfixturevalue("qwen3_hf")
-    settings = Qwen3ImageSettings.from_dict(json.loads((family.checkpoint / "preprocessor_config.json").read_text()))
-    img = preprocess_qwen_image(sample_image(1, size), settings)
+    img, out = common.hf_image(model, family.checkpoint, Qwen3ImageSettings, size)
     vc = model.config.vision_config
     feed = vision_inputs(img.pixel_values, img.grid_thw, vc.spatial_merge_size, vc.num_position_embeddings)
-    with torch.no_grad():
-        out = model.model.get_image_features(torch.from_numpy(img.pixel_values), torch.tensor([img.grid_thw]))
     return feed, out.pooler_output[0].numpy(), [level[0].numpy() for level in out.deepstack_features]
 
 
@@ -141,27 +112,6 @@ def graph_case(family, request, case_id: str):
 def decoder_case(family, request, case_id: str):
     """Prefill of the native sequence with the DeepStack levels at the visual rows (HF: the whole model on the
     processor's inputs, its own positions and DeepStack), then one decode step at max(native)+1."""
-    import numpy as np
-    import torch
-
-    from tests.family_matrix import DecoderCase
-
-    model = request.getfixturevalue("qwen3_hf")
-    ref, embeds, levels, layout, positions = _graph_request(family, request, common.case_size(case_id))
-    model.model.rope_deltas = None
-    with torch.no_grad():
-        out = model(**ref, use_cache=True)
-
-    def hf_logits(step, token):
-        if step == 0:
-            return out.logits[:, -1].numpy()
-        with torch.no_grad():
-            ids = torch.cat([ref["input_ids"], torch.tensor([[token]])], 1)
-            mm = torch.cat([ref["mm_token_type_ids"], torch.zeros(1, 1, dtype=ref["mm_token_type_ids"].dtype)], 1)
-            model.model.rope_deltas = None
-            return model(input_ids=ids, pixel_values=ref["pixel_values"], image_grid_thw=ref["image_grid_thw"],
-                         mm_token_type_ids=mm).logits[:, -1].numpy()
-
-    extras = {f"visual_extra.{k}": level for k, level in enumerate(levels)}
-    return DecoderCase(embeds, np.ones((1, embeds.shape[1]), np.int64), positions[:, None], hf_logits,
-                       common.decode_step_inputs(model, positions), steps=1, extras=extras)
+    ref, embeds, levels, _, positions = _graph_request(family, request, common.case_size(case_id))
+    return common.hf_decoder_case(request.getfixturevalue("qwen3_hf"), ref, embeds, positions, levels,
+                                  reset_rope_deltas=True)
