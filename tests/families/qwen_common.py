@@ -110,6 +110,24 @@ def select(model, req: Native, method: str, budget, tau: float = 0.3) -> np.ndar
     raise ValueError(method)
 
 
+def processor_inputs(processor, text: str, images: list) -> dict:
+    """Conversation hook: HF's processor on one rendered text and its images."""
+    return processor(images=images or None, text=[text], return_tensors="pt")
+
+
+def native_positions(model, inputs: dict):
+    """Conversation hook: int64 [3, L], HF's get_rope_index (text only: 0..L-1 in all three rows)."""
+    import torch
+
+    ids = inputs["input_ids"]
+    if "image_grid_thw" not in inputs:
+        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
+    with torch.no_grad():
+        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
+                                                  image_grid_thw=inputs["image_grid_thw"])
+    return positions[:, 0]
+
+
 def before_generate(model) -> None:
     """HF keeps rope deltas between calls: a previous call's must not leak into model.generate."""
     model.model.rope_deltas = None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-# HF keeps rope deltas between calls (before_generate clears them); one image through HF and the literal selector
-from tests.families.qwen_common import before_generate  # noqa: F401  (a hook the conversation reference looks up)
+# hooks the conversation reference looks up, the same for both Qwen families (tests/families/qwen_common.py)
+from tests.families.qwen_common import before_generate, native_positions, processor_inputs  # noqa: F401
 from tests.families.qwen_common import single_image_reference as single_image
 
 #: pruned positions: "native" (kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows)
@@ -36,28 +36,11 @@ def load(ckpt):
     return processor, model
 
 
-def processor_inputs(processor, text: str, images: list) -> dict:
-    return processor(images=images or None, text=[text], return_tensors="pt")
-
-
 def image_features(model, inputs: dict) -> list:
     import torch
 
     with torch.no_grad():
         return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
-
-
-def native_positions(model, inputs: dict):
-    """int64 [3, L]: HF's get_rope_index (text only: 0..L-1 in all three rows)."""
-    import torch
-
-    ids = inputs["input_ids"]
-    if "image_grid_thw" not in inputs:
-        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
-    with torch.no_grad():
-        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
-                                                  image_grid_thw=inputs["image_grid_thw"])
-    return positions[:, 0]
 
 
 def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[tuple[int, int, int]],

@@ -5,8 +5,8 @@ transformers."""
 
 from __future__ import annotations
 
-# HF keeps rope deltas between calls (before_generate clears them); one image through HF and the literal selector
-from tests.families.qwen_common import before_generate  # noqa: F401  (a hook the conversation reference looks up)
+# hooks the conversation reference looks up, the same for both Qwen families (tests/families/qwen_common.py)
+from tests.families.qwen_common import before_generate, native_positions, processor_inputs  # noqa: F401
 from tests.families.qwen_common import single_image_reference as single_image
 
 #: pruned positions: kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows
@@ -18,10 +18,6 @@ def load(ckpt):
     from tests.families.qwen3_vl.hf_qwen3 import hf_model, hf_processor
 
     return hf_processor(ckpt), hf_model(str(ckpt))
-
-
-def processor_inputs(processor, text: str, images: list) -> dict:
-    return processor(images=images or None, text=[text], return_tensors="pt")
 
 
 def _vision(model, inputs: dict):
@@ -39,19 +35,6 @@ def deepstack_features(model, inputs: dict) -> list:
     """Per image, its DeepStack levels [[S_j, d] per level] (the same rows as its main features)."""
     levels = _vision(model, inputs).deepstack_features  # per level: a tuple of per-image tensors
     return [[level[j] for level in levels] for j in range(len(levels[0]))]
-
-
-def native_positions(model, inputs: dict):
-    """int64 [3, L]: HF's get_rope_index (text only: 0..L-1 in all three rows)."""
-    import torch
-
-    ids = inputs["input_ids"]
-    if "image_grid_thw" not in inputs:
-        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
-    with torch.no_grad():
-        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
-                                                  image_grid_thw=inputs["image_grid_thw"])
-    return positions[:, 0]
 
 
 def greedy_deepstack(model, embeds, positions, mask, deepstack, steps: int, eos: set[int], start: int) -> list[int]:
