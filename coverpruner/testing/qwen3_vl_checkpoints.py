@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coverpruner.testing.presets import presets_of
-from coverpruner.testing.qwen_vl_common import (check_preset, config_parts, image_processor, train_qwen_tokenizer,
+from coverpruner.testing.qwen_vl_common import (build_config, check_preset, image_processor, train_qwen_tokenizer,
                                                 write_qwen_vl_checkpoint)
 
 QWEN3_VL_PRESETS = presets_of("qwen3_vl")
@@ -66,20 +66,19 @@ QWEN3_VL_CHAT_TEMPLATE = (
 )
 
 
+def _trim_deepstack(vision: dict, blocks: int) -> None:
+    """Fewer vision blocks: keep every DeepStack level, after the first blocks."""
+    vision["depth"] = blocks
+    vision["deepstack_visual_indexes"] = list(range(min(len(vision["deepstack_visual_indexes"]), blocks)))
+
+
 def build_qwen3_vl_config(preset_name: str, tokenizer, layers: int | None = None):
     """Qwen3VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
     from transformers import Qwen3VLConfig
 
     p = QWEN3_VL_PRESETS[preset_name]
-    text, vision, tokens = config_parts(p, tokenizer, layers)
-    if p.vision_layers is not None:  # fewer blocks: keep every DeepStack level, after the first blocks
-        vision["depth"] = p.vision_layers
-        vision["deepstack_visual_indexes"] = list(range(min(len(vision["deepstack_visual_indexes"]),
-                                                            p.vision_layers)))
-    config = Qwen3VLConfig(text_config=text, vision_config=vision, **tokens,
-                           tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
-    config.dtype = p.dtype
-    return config
+    return build_config(Qwen3VLConfig, p, tokenizer, layers, _trim_deepstack,
+                        tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
 
 
 def write_qwen3_vl_checkpoint(output: str | Path, preset: str = "qwen3-vl-tiny", layers: int | None = None,

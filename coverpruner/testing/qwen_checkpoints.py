@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from coverpruner.testing.presets import presets_of
-from coverpruner.testing.qwen_vl_common import (check_preset, config_parts, image_processor, train_qwen_tokenizer,
+from coverpruner.testing.qwen_vl_common import (build_config, check_preset, image_processor, train_qwen_tokenizer,
                                                 write_qwen_vl_checkpoint)
 
 QWEN_PRESETS = presets_of("qwen2_5_vl")  # testing/presets.py's Qwen2.5-VL rows
@@ -42,19 +42,18 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+def _trim_windowed(vision: dict, blocks: int) -> None:
+    """Fewer vision blocks: keep the full-attention blocks below `blocks` (or make the last one full)."""
+    vision["depth"] = blocks
+    vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < blocks] or [blocks - 1]
+
+
 def build_qwen_config(preset_name: str, tokenizer, layers: int | None = None):
     """Qwen2_5_VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
     from transformers import Qwen2_5_VLConfig
 
-    p = QWEN_PRESETS[preset_name]
-    text, vision, tokens = config_parts(p, tokenizer, layers)
-    if p.vision_layers is not None:
-        vision["depth"] = p.vision_layers
-        vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < p.vision_layers] or \
-            [p.vision_layers - 1]
-    config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens, tie_word_embeddings=False)
-    config.dtype = p.dtype
-    return config
+    return build_config(Qwen2_5_VLConfig, QWEN_PRESETS[preset_name], tokenizer, layers, _trim_windowed,
+                        tie_word_embeddings=False)
 
 
 def write_qwen_checkpoint(output: str | Path, preset: str = "qwen2.5-vl-tiny", layers: int | None = None,

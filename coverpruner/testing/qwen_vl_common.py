@@ -59,10 +59,11 @@ def image_processor(preset: QwenPreset, **kwargs):
         temporal_patch_size=preset.vision["temporal_patch_size"], **kwargs)
 
 
-def config_parts(preset: QwenPreset, tokenizer, layers: int | None) -> tuple[dict, dict, dict]:
-    """(text kwargs, vision kwargs, top-level token-id kwargs) of a preset's config: `layers` decoder layers when
-    given (ValueError below 1), the vocabulary rounded up from the tokenizer's, the specials' ids, the preset's
-    init range. The caller trims the vision tower to preset.vision_layers its own way."""
+def build_config(config_class, preset: QwenPreset, tokenizer, layers: int | None, trim_vision, **kwargs):
+    """`config_class` (Qwen2_5_VLConfig / Qwen3VLConfig) of a preset, no weights: `layers` decoder layers when given
+    (ValueError below 1), the vocabulary rounded up from the tokenizer's, the specials' ids from `tokenizer`, the
+    preset's init range and dtype; `trim_vision(vision kwargs, blocks)` cuts the tower to preset.vision_layers the
+    family's way; `kwargs`: further top-level config fields."""
     text = dict(preset.text)
     if layers is not None:
         if layers < 1:
@@ -73,9 +74,13 @@ def config_parts(preset: QwenPreset, tokenizer, layers: int | None) -> tuple[dic
     text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
                 initializer_range=preset.init_range)
     vision = {**preset.vision, "initializer_range": preset.init_range}
-    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    return text, vision, tokens
+    if preset.vision_layers is not None:
+        trim_vision(vision, preset.vision_layers)
+    config = config_class(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                          video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                          vision_end_token_id=ids["<|vision_end|>"], **kwargs)
+    config.dtype = preset.dtype
+    return config
 
 
 def check_preset(presets: dict, preset: str) -> QwenPreset:
