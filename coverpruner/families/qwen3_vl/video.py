@@ -40,6 +40,10 @@ class Qwen3VideoSettings:
     """video_preprocessor_config.json's fields that matter (HF reads preprocessor_config.json's size when the
     checkpoint has no video config; defaults: Qwen3VLVideoProcessor's)."""
 
+    # transformers 5.24 models/qwen3_vl/video_processing_qwen3_vl.py, class Qwen3VLVideoProcessor: size
+    # {"shortest_edge": 128*32*32, "longest_edge": 32*32*768}, fps 2, min_frames 4, max_frames 768. (The
+    # Qwen3-VL-*-Instruct checkpoints' own video_preprocessor_config.json sets size {4096, 25165824}; from_dict reads
+    # it from the checkpoint.)
     min_pixels: int = 128 * 32 * 32
     max_pixels: int = 768 * 32 * 32
     fps: float = 2.0
