@@ -16,8 +16,11 @@ from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 # the shared HF reference parts (tests/families/qwen_common.py): HF's layout, demand and literal selectors
 from tests.families.qwen_common import Native, layer0_relevance, select
 from tests.families.qwen_common import native_request as _native_request
+from tests.literal_selection import coverage_reference as literal_coverage  # literal float64 greedy, exact argmax
+from tests.literal_selection import divprune_reference as literal_divprune
 
-__all__ = ["Native", "greedy", "layer0_relevance", "masked_generate", "native_request", "pruned_generate", "select"]
+__all__ = ["Native", "greedy", "layer0_relevance", "literal_coverage", "literal_divprune", "masked_generate",
+           "native_request", "pruned_generate", "select"]
 
 
 def native_request(model, ckpt, image, prompt) -> Native:
