@@ -224,7 +224,7 @@ def plot(path: Path, rows: dict, analysis: dict, title: str) -> None:
     img.save(path)
 
 
-def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, check, repeats: int,
+def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, check, rounds: int,
                threads: int | None) -> dict:
     """--genai: our engine dir's decoder.onnx against onnxruntime-genai's model builder on the same checkpoint, the
     full-budget prompt's length and layout (text, the square grid, text; native M-RoPE positions), round-robin,
@@ -252,7 +252,7 @@ def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, chec
                "genai": Runner("genai", genai_model(ckpt, workdir / f"{ckpt.name}-genai-fp32", "fp32"), cfg, cap,
                                threads)}
     out = {e: [] for e in runners}
-    for r in range(repeats + 1):  # round 0 warms both up and is dropped
+    for r in range(rounds + 1):  # round 0 warms both up and is dropped
         for e in (list(runners) if r % 2 == 0 else list(runners)[::-1]):
             res = runners[e].generate(embed, prompt, positions)
             if r:
@@ -326,6 +326,7 @@ def main(argv=None) -> int:
     p.add_argument("--genai", action="store_true",
                    help="after the budgets, the decoder against onnxruntime-genai's builder on the same checkpoint and "
                         "the time to first token against genai's unpruned pipeline (needs onnxruntime-genai)")
+    p.add_argument("--genai-rounds", type=int, default=6, help="--genai: round-robin rounds (median; default 6)")
     p.add_argument("--engine", type=Path, default=None,
                    help="use this engine dir instead of building the shape-real preset (smoke runs)")
     args = p.parse_args(argv)
@@ -374,7 +375,7 @@ def main(argv=None) -> int:
             raise SystemExit("--genai builds genai's model from the preset's checkpoint: leave --engine out")
         del pipe  # the two decoders below need the memory
         peer = genai_peer(args.workdir / f"{args.preset}-{args.layers}l", engine, args.workdir, rows, n,
-                          preset["check"], repeats, args.threads)
+                          preset["check"], args.genai_rounds, args.threads)
         r, t = peer["decoder"]["ours_vs_genai"], peer["ttft"]
         print(f"vs onnxruntime-genai ({peer['prompt_tokens']} tokens): prefill {r['prefill_ratio']:.3f}x, decode/token "
               f"{r['decode_ratio']:.3f}x, tokens equal {r['tokens_equal']}; TTFT ours at {preset['check']} "

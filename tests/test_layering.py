@@ -158,7 +158,8 @@ def test_no_import_cycles():
 
 def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     """The checks fail where they should: a function-level import of the runtime from a family, one family
-    importing another, a relative upward import and a two-module cycle, each planted in a copy of the tree."""
+    importing another, a shared families module (families/qwen_vl.py, which both Qwen families import) importing a
+    family, a relative upward import and a two-module cycle, each planted in a copy of the tree."""
     import shutil
 
     root = tmp_path / "coverpruner"
@@ -166,6 +167,7 @@ def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     plant = {
         "families/llava/runtime.py": "\n\ndef _planted():\n    from coverpruner.runtime.errors import ImageError\n",
         "families/qwen2_5_vl/runtime.py": "\nfrom coverpruner.families.llava import LlavaRuntime\n",
+        "families/qwen_vl.py": "\n\ndef _planted():\n    from coverpruner.families.qwen3_vl.video import VIDEO_TOKEN\n",
         "selection/baselines.py": "\nfrom ..engine_dir import MANIFEST\n",
         "export/selector_io.py": "\nfrom coverpruner.export import selector\n",
     }
@@ -179,6 +181,8 @@ def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     assert "coverpruner.families.llava.runtime imports coverpruner.runtime.errors (upward" in problems
     assert "coverpruner.families.qwen2_5_vl.runtime imports coverpruner.families.llava (family package llava " \
            "imported from family qwen2_5_vl)" in problems
+    assert "coverpruner.families.qwen_vl imports coverpruner.families.qwen3_vl.video (family package qwen3_vl " \
+           "imported from a shared families module)" in problems
     assert "coverpruner.selection.baselines imports coverpruner.engine_dir (upward" in problems
     assert any({"coverpruner.export.selector", "coverpruner.export.selector_io"} <= set(c) for c in cycles())
 

@@ -82,6 +82,9 @@ _V16_GRIDS = [[1, 2], [2, 1], [2, 2], [3, 1], [1, 3]]
 _NEXT_WRITER = "coverpruner.testing.llava_next_checkpoints:write_next_checkpoint"
 
 _QWEN3_WRITER = "coverpruner.testing.qwen3_vl_checkpoints:write_qwen3_vl_checkpoint"
+# The 2B / 4B / 8B rows are the config.json widths of Qwen/Qwen3-VL-{2B,4B,8B}-Instruct (checked against copies of
+# those files in public code). transformers' Qwen3VLVisionConfig defaults are the 8B tower (depth 27, 1152 wide,
+# DeepStack 8/16/24) but its text defaults (intermediate 22016, 32 layers) are no released model: not a source.
 # Qwen3-VL's processor limits (preprocessor_config.json of the Instruct checkpoints): 256..16384 visual tokens.
 _QWEN3_PIXELS = dict(min_pixels=65536, max_pixels=16777216)
 # the vision tower of the 2B / 4B checkpoints (the 8B has its own, wider one)

@@ -1,7 +1,7 @@
 """Random-weight Qwen3-VL checkpoints in the HF format, written locally (no downloads).
 
 `write_qwen3_vl_checkpoint(output, preset)` writes config.json (Qwen3VLConfig), model.safetensors, the byte-level
-BPE test tokenizer (testing/qwen_checkpoints.py's, Qwen's specials), preprocessor_config.json (Qwen2-VL image
+BPE test tokenizer (testing/qwen_vl_common.py's, Qwen's specials), preprocessor_config.json (Qwen2-VL image
 processor with Qwen3-VL's 16-px patches and 0.5 mean/std) and the tool-capable chat template of the
 Qwen3-VL-*-Instruct checkpoints (no default system turn; tools, tool calls and tool responses rendered as there), so
 `Qwen3VLForConditionalGeneration` loads the directory like a hub checkpoint.
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coverpruner.testing.common import default_dtype, randomize, round_up
 from coverpruner.testing.presets import presets_of
-from coverpruner.testing.qwen_checkpoints import QWEN_SPECIALS, train_qwen_tokenizer
+from coverpruner.testing.qwen_vl_common import (build_config, check_preset, image_processor, train_qwen_tokenizer,
+                                                write_qwen_vl_checkpoint)
 
 QWEN3_VL_PRESETS = presets_of("qwen3_vl")
 
@@ -66,43 +66,19 @@ QWEN3_VL_CHAT_TEMPLATE = (
 )
 
 
+def _trim_deepstack(vision: dict, blocks: int) -> None:
+    """Fewer vision blocks: keep every DeepStack level, after the first blocks."""
+    vision["depth"] = blocks
+    vision["deepstack_visual_indexes"] = list(range(min(len(vision["deepstack_visual_indexes"]), blocks)))
+
+
 def build_qwen3_vl_config(preset_name: str, tokenizer, layers: int | None = None):
     """Qwen3VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
     from transformers import Qwen3VLConfig
 
     p = QWEN3_VL_PRESETS[preset_name]
-    text = dict(p.text)
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {layers}")
-        text["num_hidden_layers"] = layers
-    text.setdefault("vocab_size", round_up(tokenizer.get_vocab_size(), 64))
-    vision = dict(p.vision)
-    if p.vision_layers is not None:  # fewer blocks: keep every DeepStack level, after the first blocks
-        vision["depth"] = p.vision_layers
-        vision["deepstack_visual_indexes"] = list(range(min(len(vision["deepstack_visual_indexes"]),
-                                                            p.vision_layers)))
-    ids = {t: tokenizer.token_to_id(t) for t in QWEN_SPECIALS}
-    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-                initializer_range=p.init_range)
-    vision["initializer_range"] = p.init_range
-    config = Qwen3VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
-    config.dtype = p.dtype
-    return config
-
-
-def qwen3_vl_image_processor(preset):
-    """The Qwen2-VL PIL image processor with the preset's pixel limits, 16-px patches and Qwen3-VL's 0.5 mean/std."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    return Qwen2VLImageProcessorPil(
-        size={"shortest_edge": preset.min_pixels, "longest_edge": preset.max_pixels},
-        patch_size=preset.vision["patch_size"], merge_size=preset.vision["spatial_merge_size"],
-        temporal_patch_size=preset.vision["temporal_patch_size"], image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5])
+    return build_config(Qwen3VLConfig, p, tokenizer, layers, _trim_deepstack,
+                        tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
 
 
 def write_qwen3_vl_checkpoint(output: str | Path, preset: str = "qwen3-vl-tiny", layers: int | None = None,
@@ -111,32 +87,14 @@ def write_qwen3_vl_checkpoint(output: str | Path, preset: str = "qwen3-vl-tiny",
 
     Weights: normal(0, init_range) for linears and embeddings, 1 + normal for norms (q/k norms included, so a
     missing q/k norm shows); deterministic for a given seed. generation_config.json: greedy, stopping on
-    <|im_end|> and <|endoftext|>.
+    <|im_end|> and <|endoftext|>. The image processor: Qwen2-VL's PIL one with 16-px patches and Qwen3-VL's 0.5
+    mean / std.
     """
-    import torch
-    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
-    if preset not in QWEN3_VL_PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(QWEN3_VL_PRESETS)}")
-    p = QWEN3_VL_PRESETS[preset]
-    out = Path(output)
-    torch.manual_seed(seed)
+    p = check_preset(QWEN3_VL_PRESETS, preset)
     tok = train_qwen_tokenizer(seed=seed)
-    config = build_qwen3_vl_config(preset, tok, layers)
-    out.mkdir(parents=True, exist_ok=True)
-    with default_dtype(getattr(torch, p.dtype)), torch.no_grad():
-        model = Qwen3VLForConditionalGeneration(config)
-        randomize(model, p.init_range)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.text_config.bos_token_id, pad_token_id=config.text_config.pad_token_id,
-        eos_token_id=[config.text_config.eos_token_id, config.text_config.bos_token_id], do_sample=False)
-    model.save_pretrained(out)
-    del model
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=262144, padding_side="left")
-    fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
-    fast.chat_template = QWEN3_VL_CHAT_TEMPLATE
-    fast.save_pretrained(out)
-    qwen3_vl_image_processor(p).save_pretrained(out)
-    (out / "chat_template.jinja").write_text(QWEN3_VL_CHAT_TEMPLATE)
-    return out
+    return write_qwen_vl_checkpoint(output, p, tok, build_qwen3_vl_config(preset, tok, layers),
+                                    Qwen3VLForConditionalGeneration, dict(do_sample=False), QWEN3_VL_CHAT_TEMPLATE,
+                                    262144, image_processor(p, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5]),
+                                    seed)

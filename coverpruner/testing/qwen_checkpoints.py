@@ -1,8 +1,8 @@
 """Random-weight Qwen2.5-VL checkpoints in the HF format, written locally (no downloads).
 
 `write_qwen_checkpoint(output, preset)` writes config.json, model.safetensors, a byte-level BPE tokenizer
-trained with `tokenizers` (Qwen's specials: <|endoftext|>, <|im_start|>, <|im_end|>, <|vision_start|>,
-<|vision_end|>, <|image_pad|>, <|video_pad|>), preprocessor_config.json (Qwen2-VL image processor, PIL
+trained with `tokenizers` (testing/qwen_vl_common.py, shared with Qwen3-VL; Qwen's specials: <|endoftext|>,
+<|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>), preprocessor_config.json (Qwen2-VL image processor, PIL
 backend) and the chat template published with Qwen/Qwen2.5-VL-*-Instruct, so that
 `Qwen2_5_VLForConditionalGeneration` and `Qwen2_5_VLProcessor(image_processor=Qwen2VLImageProcessorPil(...))`
 load the directory like a hub checkpoint. (`AutoProcessor` would also build the video processor, which
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from coverpruner.testing.common import default_dtype, randomize, round_up
-from coverpruner.testing.presets import QwenPreset, presets_of
-from coverpruner.testing.tokenizer import corpus
+from coverpruner.testing.presets import presets_of
+from coverpruner.testing.qwen_vl_common import (build_config, check_preset, image_processor, train_qwen_tokenizer,
+                                                write_qwen_vl_checkpoint)
 
 QWEN_PRESETS = presets_of("qwen2_5_vl")  # testing/presets.py's Qwen2.5-VL rows
 
@@ -42,76 +42,18 @@ QWEN2_5_VL_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                 "<|image_pad|>", "<|video_pad|>"]
-
-
-def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
-    """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces.
-
-    Trained on the same generated corpus as the LLaVA test tokenizer plus ChatML pieces.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
-    tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
-    return tok
-
-
-def build_qwen_tokenizer_and_image_processor(tokenizer, preset: QwenPreset):
-    """(PreTrainedTokenizerFast, Qwen2VLImageProcessorPil) for `tokenizer` and the preset's pixel limits.
-
-    The checkpoint stores these two plus chat_template.jinja; a `Qwen2_5_VLProcessor` cannot be built without
-    torchvision (its video processor), so none is saved (tests build one around these parts).
-    """
-    from transformers import PreTrainedTokenizerFast
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=32768, padding_side="left")
-    fast.add_special_tokens({"additional_special_tokens": QWEN_SPECIALS[1:]})
-    fast.chat_template = QWEN2_5_VL_CHAT_TEMPLATE
-    image_processor = Qwen2VLImageProcessorPil(
-        size={"shortest_edge": preset.min_pixels, "longest_edge": preset.max_pixels},
-        patch_size=preset.vision["patch_size"], merge_size=preset.vision["spatial_merge_size"],
-        temporal_patch_size=preset.vision["temporal_patch_size"])
-    return fast, image_processor
+def _trim_windowed(vision: dict, blocks: int) -> None:
+    """Fewer vision blocks: keep the full-attention blocks below `blocks` (or make the last one full)."""
+    vision["depth"] = blocks
+    vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < blocks] or [blocks - 1]
 
 
 def build_qwen_config(preset_name: str, tokenizer, layers: int | None = None):
     """Qwen2_5_VLConfig of a preset (no weights); token ids taken from `tokenizer`."""
     from transformers import Qwen2_5_VLConfig
 
-    p = QWEN_PRESETS[preset_name]
-    text = dict(p.text)
-    if layers is not None:
-        if layers < 1:
-            raise ValueError(f"--layers must be >= 1, got {layers}")
-        text["num_hidden_layers"] = layers
-    text.setdefault("vocab_size", round_up(tokenizer.get_vocab_size(), 64))
-    vision = dict(p.vision)
-    if p.vision_layers is not None:
-        vision["depth"] = p.vision_layers
-        vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < p.vision_layers] or \
-            [p.vision_layers - 1]
-    ids = {t: tokenizer.token_to_id(t) for t in QWEN_SPECIALS}
-    text.update(bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-                initializer_range=p.init_range)
-    vision["initializer_range"] = p.init_range
-    config = Qwen2_5_VLConfig(
-        text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
-    config.dtype = p.dtype
-    return config
+    return build_config(Qwen2_5_VLConfig, QWEN_PRESETS[preset_name], tokenizer, layers, _trim_windowed,
+                        tie_word_embeddings=False)
 
 
 def write_qwen_checkpoint(output: str | Path, preset: str = "qwen2.5-vl-tiny", layers: int | None = None,
@@ -119,31 +61,17 @@ def write_qwen_checkpoint(output: str | Path, preset: str = "qwen2.5-vl-tiny", l
     """Write a random-weight Qwen2.5-VL checkpoint of `preset` into `output`; returns the directory.
 
     Weights: normal(0, init_range) for linears, embeddings and biases, 1 + normal for norms; deterministic
-    for a given seed. generation_config.json carries the real checkpoint's repetition_penalty (1.05).
+    for a given seed. generation_config.json carries the real checkpoint's repetition_penalty (1.05). The
+    checkpoint stores the tokenizer, the Qwen2-VL PIL image processor and chat_template.jinja; a
+    `Qwen2_5_VLProcessor` cannot be built without torchvision (its video processor), so none is saved (tests build
+    one around these parts).
     """
-    import torch
-    from transformers import GenerationConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration
 
-    if preset not in QWEN_PRESETS:
-        raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(QWEN_PRESETS)}")
-    p = QWEN_PRESETS[preset]
-    out = Path(output)
-    torch.manual_seed(seed)
+    p = check_preset(QWEN_PRESETS, preset)
     tok = train_qwen_tokenizer(seed=seed)
-    config = build_qwen_config(preset, tok, layers)
-    out.mkdir(parents=True, exist_ok=True)
-    with default_dtype(getattr(torch, p.dtype)), torch.no_grad():
-        model = Qwen2_5_VLForConditionalGeneration(config)
-        randomize(model, p.init_range)
     # The published generation_config (greedy via top_k=1 with a repetition penalty).
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.text_config.bos_token_id, pad_token_id=config.text_config.pad_token_id,
-        eos_token_id=[config.text_config.eos_token_id, config.text_config.bos_token_id], do_sample=True,
-        repetition_penalty=1.05, temperature=0.1, top_p=0.001, top_k=1)
-    model.save_pretrained(out)
-    del model
-    fast, image_processor = build_qwen_tokenizer_and_image_processor(tok, p)
-    fast.save_pretrained(out)
-    image_processor.save_pretrained(out)
-    (out / "chat_template.jinja").write_text(QWEN2_5_VL_CHAT_TEMPLATE)
-    return out
+    generation = dict(do_sample=True, repetition_penalty=1.05, temperature=0.1, top_p=0.001, top_k=1)
+    return write_qwen_vl_checkpoint(output, p, tok, build_qwen_config(preset, tok, layers),
+                                    Qwen2_5_VLForConditionalGeneration, generation, QWEN2_5_VL_CHAT_TEMPLATE, 32768,
+                                    image_processor(p), seed)

@@ -1,6 +1,6 @@
-"""Qwen2.5-VL: the adapter (family.py, export time), its run-time rules (runtime.py), preprocessing
-(preprocess.py: smart resize, patchify), the vision graph's host tables (vision.py), M-RoPE positions
-(positions.py), all numpy; the export-time torch vision wrapper (graphs.py, imports torch)."""
+"""Qwen2.5-VL: the adapter (family.py, export time), its run-time rules (runtime.py), video sampling (video.py), the
+vision graph's window tables (vision.py), all numpy; the export-time torch vision wrapper (graphs.py, imports
+torch). Image preprocessing and M-RoPE positions are shared with Qwen3-VL (families/qwen_vl.py)."""
 
 from coverpruner.families.contract import FamilyEntry
 from coverpruner.families.qwen2_5_vl.family import IMAGE_SIZE_OPTION, Qwen25VLFamily

@@ -1,28 +1,30 @@
 """Qwen2.5-VL (HF `Qwen2_5_VLForConditionalGeneration`: window-attention ViT + patch merger + Qwen2 decoder
 with multimodal rotary positions): export time.
 
-Everything Qwen-specific lives in this package (this adapter, runtime.py, preprocess.py, vision.py,
-positions.py and the export-time torch wrapper in graphs.py). Importing this module does not import torch.
+What is Qwen2.5-VL's own lives in this package (this adapter, runtime.py, video.py's frame sampling, vision.py's
+window tables and the export-time torch wrapper in graphs.py); the Qwen2-VL image processor and the M-RoPE
+position rule it shares with Qwen3-VL are families/qwen_vl.py, the adapter and run-time bases
+families/qwen_vl_base.py. Importing this module does not import torch.
 
 Layout of one request (the published chat template, one image):
     "<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n<|vision_start|>"
     "<|image_pad|>*n<|vision_end|>{prompt}<|im_end|>\\n<|im_start|>assistant\\n"
 The n image-pad rows of inputs_embeds are replaced by the merger outputs in native (row-major merged-grid)
-order; these n rows are the pruning candidates. Positions are 3-D (t, h, w), see positions.py: kept rows
+order; these n rows are the pruning candidates. Positions are 3-D (t, h, w), see qwen_vl.py: kept rows
 keep their native positions, decoding continues at max(native) + 1 + t ("native" position mode).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from coverpruner.families.contract import ExportSpec, RequestOption
-from coverpruner.families.hf import HFFamily, chat_layout, text_dims
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings
-from coverpruner.families.qwen2_5_vl.runtime import IMAGE_TOKEN, QwenRuntime
+from coverpruner.families.hf import chat_layout, text_dims
+from coverpruner.families.qwen_vl import QwenImageSettings
+from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, QwenVLFamily, video_options
+from coverpruner.families.qwen2_5_vl.runtime import QwenRuntime
 from coverpruner.families.qwen2_5_vl.video import DEFAULT_MAX_VIDEO_FRAMES
 from coverpruner.families.qwen2_5_vl.vision import VISION_INPUTS, vision_inputs
 
@@ -50,43 +52,14 @@ IMAGE_SIZE_OPTION = RequestOption(
          "of 28 px within the checkpoint's pixel limits. Default: the processor's smart resize.")
 
 
-def _int_at_least(value, name: str, minimum: int, what: str = "") -> int:
-    """An int (or digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>, got ..."."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}")
-    return int(value)
+VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION = video_options("Qwen2.5-VL", DEFAULT_MAX_VIDEO_FRAMES)
 
 
-def parse_video_window(value):
-    """K >= 1 temporal patches per selection window (int or digit string); ValueError (one line) otherwise."""
-    return _int_at_least(value, "video_window", 1, " (temporal patches per window)")
-
-
-def parse_max_video_frames(value):
-    """The most frames one video may have after sampling: an integer >= 2; ValueError (one line) otherwise."""
-    return _int_at_least(value, "max_video_frames", 2)
-
-
-VIDEO_WINDOW_OPTION = RequestOption(
-    name="video_window", parse=parse_video_window, metavar="K",
-    help="Qwen2.5-VL video: select within windows of K temporal patches (2K frames), the budget split across "
-         "windows (coverpruner.selection.windowed). Default: one selection over the whole video.")
-MAX_VIDEO_FRAMES_OPTION = RequestOption(
-    name="max_video_frames", parse=parse_max_video_frames, metavar="N", default=DEFAULT_MAX_VIDEO_FRAMES,
-    help=f"Qwen2.5-VL video: the most frames a video may give after sampling (default {DEFAULT_MAX_VIDEO_FRAMES}); "
-         "more is refused in one line.")
-
-
-class Qwen25VLFamily(HFFamily):
+class Qwen25VLFamily(QwenVLFamily):
     """Adapter for Qwen2.5-VL checkpoints in the HF format (model_type "qwen2_5_vl")."""
 
     name = "qwen2_5_vl"
     model_class = "Qwen2_5_VLForConditionalGeneration"
-    position_mode = "native"
-    position_rank = 3
-    image_token = IMAGE_TOKEN
     request_options = (IMAGE_SIZE_OPTION, VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
     support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                      "preprocessor_config.json", "chat_template.jinja", "chat_template.json",
@@ -100,10 +73,7 @@ class Qwen25VLFamily(HFFamily):
 
     def processor_settings(self, model_dir: Path) -> dict:
         """Qwen2-VL image processor settings (min/max pixels, patch/merge sizes, mean/std), flattened."""
-        f = Path(model_dir) / "preprocessor_config.json"
-        if not f.is_file():
-            raise FileNotFoundError(f"{model_dir}: preprocessor_config.json is missing")
-        return QwenImageSettings.from_dict(json.loads(f.read_text())).to_dict()
+        return QwenImageSettings.from_dict(self.preprocessor_config(model_dir)).to_dict()
 
     def dims(self, config) -> dict:
         t, v = config.text_config, config.vision_config
@@ -115,19 +85,6 @@ class Qwen25VLFamily(HFFamily):
             "tokens_per_second": v.tokens_per_second,
             "patch_dim": v.in_channels * v.temporal_patch_size * v.patch_size ** 2,
         }
-
-    def token_ids(self, config, model_dir: Path | None = None) -> dict:
-        """Special ids; eos_token_id is generation_config.json's list when the checkpoint has one (the Instruct
-        models stop on <|im_end|> and <|endoftext|>, as HF generate does), else the text config's."""
-        t = config.text_config
-        eos = t.eos_token_id
-        gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
-        if gen is not None and gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id", eos)
-        return {"image_token_id": int(config.image_token_id), "video_token_id": int(config.video_token_id),
-                "vision_start_token_id": config.vision_start_token_id,
-                "vision_end_token_id": config.vision_end_token_id, "bos_token_id": t.bos_token_id,
-                "eos_token_id": eos, "pad_token_id": t.pad_token_id}
 
     def layout(self) -> dict:
         return chat_layout(IMAGE_TOKEN, "grid_thw / merge^2", "none",

@@ -5,27 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from coverpruner.families.contract import GridPanel, ImageSpan, VisionInputs
-from coverpruner.families.hf import HFRuntime
-from coverpruner.families.qwen2_5_vl.positions import decode_position, native_positions, pruned_positions
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
+from coverpruner.families.contract import VisionInputs
+from coverpruner.families.qwen_vl import QwenImageSettings, native_positions, preprocess_qwen_image
+from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLRuntime
 from coverpruner.families.qwen2_5_vl.video import (DEFAULT_MAX_VIDEO_FRAMES, preprocess_qwen_video, sampled_frames,
                                                    video_cost)
 from coverpruner.families.qwen2_5_vl.vision import temporal_chunks, vision_inputs
 
-IMAGE_TOKEN = "<|image_pad|>"
-VIDEO_TOKEN = "<|video_pad|>"
+__all__ = ["IMAGE_TOKEN", "VIDEO_TOKEN", "QwenRuntime"]
+
 #: temporal patches (frame pairs) per vision run of a video: 1 keeps a video's vision peak at one frame pair's
 VIDEO_CHUNK_TEMPORAL = 1
 
 
-class QwenRuntime(HFRuntime):
+class QwenRuntime(QwenVLRuntime):
     """Qwen2.5-VL's run-time rules for one engine dir (contract.FamilyRuntime): dynamic resolution, host-side
-    window tables, every merger output a candidate, native M-RoPE positions (rank 3)."""
-
-    position_rank = 3
-    image_token = IMAGE_TOKEN
-    reserved_strings = ("<|vision_start|>", "<|vision_end|>")
+    window tables, every merger output a candidate, native M-RoPE positions (rank 3; qwen_vl_base.QwenVLRuntime)."""
 
     def __init__(self, manifest):
         super().__init__(manifest)
@@ -45,14 +40,9 @@ class QwenRuntime(HFRuntime):
         img = preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"))
         feeds = vision_inputs(img.pixel_values.astype(self.float_dtype, copy=False), img.grid_thw, self.merge,
                               self.window, self.patch)
-        n = img.num_visual_tokens
-        rows, cols = img.grid_thw[1] // self.merge, img.grid_thw[2] // self.merge
-        h, w = img.original
-        cell = self.merge * self.patch
-        panel = GridPanel(f"{cell}x{cell} px cells of the {img.resized[1]}x{img.resized[0]} resized image",
-                          (rows, cols), (0.0, 0.0, float(w), float(h)), np.arange(n, dtype=np.int64))
-        return VisionInputs(feeds, n, (panel,), {"grid_thw": img.grid_thw, "resized": img.resized,
-                                                 "original": img.original})
+        panel = self.grid_panel(img.grid_thw, img.resized, img.original, "resized image")
+        return VisionInputs(feeds, img.num_visual_tokens, (panel,),
+                            {"grid_thw": img.grid_thw, "resized": img.resized, "original": img.original})
 
     def video_cost(self, video, options: dict):
         """contract.FamilyRuntime.video_cost: the header's geometry through this family's sampling and resize
@@ -77,13 +67,8 @@ class QwenRuntime(HFRuntime):
         feeds = vision_inputs(pixels, vid.grid_thw, self.merge, self.window, self.patch)
         # one temporal patch per vision run: peak memory of one frame pair whatever the frame count (docs/video.md)
         chunks = temporal_chunks(pixels, vid.grid_thw, self.merge, self.window, self.patch, VIDEO_CHUNK_TEMPORAL)
-        t, gh, gw = vid.grid_thw
-        rows, cols = gh // self.merge, gw // self.merge
-        h, w = vid.original
-        cell = self.merge * self.patch
-        panel = GridPanel(f"{cell}x{cell} px cells of the {vid.resized[1]}x{vid.resized[0]} frames (temporal patch 0 "
-                          f"of {t})", (rows, cols), (0.0, 0.0, float(w), float(h)),
-                          np.arange(rows * cols, dtype=np.int64))
+        panel = self.grid_panel(vid.grid_thw, vid.resized, vid.original,
+                                f"frames (temporal patch 0 of {vid.grid_thw[0]})")
         interval = np.float32(np.float32(self.tokens_per_second) * np.float32(vid.second_per_grid_t))
         return VisionInputs(feeds, vid.num_visual_tokens, (panel,),
                             {"kind": "video", "grid_thw": vid.grid_thw, "resized": vid.resized,
@@ -95,31 +80,9 @@ class QwenRuntime(HFRuntime):
         """A VideoInput -> its sampled frames (uint8 [H, W, 3] each, padded to an even count), for the picture."""
         return sampled_frames(video, options.get("max_video_frames") or DEFAULT_MAX_VIDEO_FRAMES, video.where)
 
-    def image_span(self, outputs: dict, vision: VisionInputs, options: dict) -> ImageSpan:
-        """image_features [n, d] (native order) -> rows [n, d], every row a candidate; a video's candidates carry
-        their temporal patch (rows are temporal patch by temporal patch)."""
-        feats = outputs["image_features"]
-        n = vision.num_candidates
-        if feats.ndim != 2 or feats.shape[0] != n:
-            raise ValueError(f"vision graph returned image_features {list(feats.shape)}, expected [{n}, d]")
-        temporal = None
-        if vision.facts.get("kind") == "video":
-            t = vision.facts["grid_thw"][0]
-            temporal = np.repeat(np.arange(t, dtype=np.int64), n // t)
-        return ImageSpan(feats, np.arange(n, dtype=np.int64), temporal=temporal)
-
     def native_positions(self, layout, visions) -> np.ndarray:
         """int64 [3, L]: HF get_rope_index's positions for the full native sequence (visions: the images and
         videos in order, or one VisionInputs)."""
         visions = [visions] if isinstance(visions, VisionInputs) else list(visions)
-        ids = [self.image_token_id] + ([self.video_token_id] if self.video_token_id is not None else [])
-        return native_positions(layout.input_ids, ids, [v.facts["grid_thw"] for v in visions], self.merge,
-                                [v.facts.get("time_interval") for v in visions])
-
-    def pruned_positions(self, native: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """int64 [3, L']: kept rows keep their native positions (no re-packing)."""
-        return pruned_positions(native, rows)
-
-    def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
-        """int64 [3]: the step-th generated token at max(native) + 1 + step, where it sits without pruning."""
-        return decode_position(native, step)
+        return native_positions(layout.input_ids, self.visual_ids(), [v.facts["grid_thw"] for v in visions],
+                                self.merge, [v.facts.get("time_interval") for v in visions])

@@ -29,12 +29,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
-from coverpruner.errors import ImageError, VideoError
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, smart_resize
-from coverpruner.images import load_rgb
-from coverpruner.video import VideoCost, VideoInput, probe_video, read_video
+from coverpruner.errors import VideoError
+from coverpruner.families.qwen_vl import (QwenImage, QwenImageSettings, frame_list, frame_size, normalize, patchify,
+                                          probe_header, read_frames, resize_rgb, sample_indices, smart_resize,
+                                          video_tokens)
+from coverpruner.video import VideoCost, VideoInput
 
 FPS = 2.0
 FRAME_FACTOR = 2
@@ -46,28 +46,18 @@ VIDEO_TOTAL_PIXELS = int(128000 * 28 * 28 * 0.9)
 #: frames per video a request may hold when neither the request nor the manifest says (option max_video_frames)
 DEFAULT_MAX_VIDEO_FRAMES = 64
 
+__all__ = ["DEFAULT_MAX_VIDEO_FRAMES", "FRAME_FACTOR", "QwenVideo", "file_pixel_limits", "preprocess_qwen_video",
+           "sample_count", "sample_indices", "sampled_frames", "video_cost"]
+
 
 @dataclass(frozen=True)
-class QwenVideo:
-    """One preprocessed video.
+class QwenVideo(QwenImage):
+    """One preprocessed video: qwen_vl.QwenImage's pixel_values [t*gh*gw, C*T*P*P] (T = temporal_patch_size),
+    grid_thw (t, gh, gw), resized (H, W) of every frame and original (H, W) of the input frames, plus num_frames:
+    frames after sampling and padding (= t*T) and second_per_grid_t: seconds one temporal patch spans (T / fps)."""
 
-    pixel_values: float32 [t*gh*gw, C*T*P*P] (T = temporal_patch_size), temporal patch by temporal patch, each in
-    merge-block-major order; grid_thw: (t, gh, gw); num_frames: frames after sampling and padding (= t*T);
-    second_per_grid_t: seconds one temporal patch spans (T / fps); resized: (H, W) of every frame; original: (H, W)
-    of the input frames.
-    """
-
-    pixel_values: np.ndarray
-    grid_thw: tuple[int, int, int]
-    num_frames: int
-    second_per_grid_t: float
-    resized: tuple[int, int]
-    original: tuple[int, int]
-
-    @property
-    def num_visual_tokens(self) -> int:
-        t, h, w = self.grid_thw
-        return t * h * w // 4  # merge 2 x 2, as QwenImage
+    num_frames: int = 0
+    second_per_grid_t: float = 0.0
 
 
 def _ceil(x: float, f: int) -> int:
@@ -90,11 +80,6 @@ def sample_count(total: int, video_fps: float, fps: float | None = None, max_fra
         raise VideoError(f"video of {total} frames at {video_fps:g} fps gives {n} frames at fps {fps:g} and "
                          f"max_frames {max_frames}; at least {FRAME_FACTOR} are needed")
     return n
-
-
-def sample_indices(total: int, n: int) -> np.ndarray:
-    """int64 [n]: round(linspace(0, total - 1, n)) (round half to even, as torch.round)."""
-    return np.round(np.linspace(0, total - 1, n)).astype(np.int64)
 
 
 def file_pixel_limits(nframes: int, s: QwenImageSettings) -> tuple[int, int]:
@@ -127,11 +112,7 @@ def video_cost(video: VideoInput, s: QwenImageSettings, max_video_frames: int = 
     than max_video_frames frames."""
     if video.is_frames:
         return None
-    try:
-        header = probe_video(video.video)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    header = probe_header(video, where)
     if header.frames > 0:
         n = _sampled(video, header.frames, header.fps, max_video_frames, where)
     else:
@@ -139,28 +120,16 @@ def video_cost(video: VideoInput, s: QwenImageSettings, max_video_frames: int = 
     n = _ceil(n, s.temporal_patch_size)
     lo, hi = file_pixel_limits(n, s)
     try:
-        h, w = smart_resize(header.height, header.width, s.factor, lo, hi)
+        size = smart_resize(header.height, header.width, s.factor, lo, hi)
     except (ValueError, ZeroDivisionError) as exc:
         raise VideoError(f"{where}: frames {header.width}x{header.height}: {exc}") from None
-    return VideoCost(n, header.height, header.width, (n // s.temporal_patch_size) * (h // s.factor) * (w // s.factor))
+    return VideoCost(n, header.height, header.width, video_tokens(n, size, s))
 
 
 def _frames(video: VideoInput, max_video_frames: int, where: str) -> tuple[list[np.ndarray], float, tuple | None]:
-    """(uint8 RGB frames, fps for second_per_grid_t, pixel limits or None for the image limits)."""
+    """(uint8 RGB frames, fps for second_per_grid_t, "file" or None for the image limits)."""
     if video.is_frames:
-        frames = list(video.video)
-        if not frames:
-            raise VideoError(f"{where}: the frame list is empty")
-        if len(frames) > max_video_frames:
-            raise VideoError(f"{where}: {len(frames)} frames; at most {max_video_frames} per video "
-                             "(max_video_frames)")
-        rgb = []
-        for k, frame in enumerate(frames):
-            try:
-                rgb.append(load_rgb(frame, True)[1])
-            except ImageError as exc:
-                raise VideoError(f"{where}: frame {k}: {exc}") from None
-        return rgb, FPS if video.fps is None else float(video.fps), None
+        return frame_list(video, max_video_frames, where), FPS if video.fps is None else float(video.fps), None
     box = {}
 
     def pick(total: int, video_fps: float):
@@ -168,11 +137,7 @@ def _frames(video: VideoInput, max_video_frames: int, where: str) -> tuple[list[
         box["fps"] = n / max(total, 1e-6) * video_fps
         return sample_indices(total, n)
 
-    try:
-        frames, _ = read_video(video.video, pick)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    frames, _ = read_frames(video, pick, where)
     return frames, box["fps"], "file"
 
 
@@ -185,50 +150,21 @@ def sampled_frames(video: VideoInput, max_video_frames: int = DEFAULT_MAX_VIDEO_
     return frames + [frames[-1]] * (_ceil(len(frames), FRAME_FACTOR) - len(frames))
 
 
-def _resize(rgb: np.ndarray, size: tuple[int, int], s: QwenImageSettings) -> np.ndarray:
-    if rgb.shape[:2] == size:
-        return rgb
-    return np.asarray(Image.fromarray(rgb).resize((size[1], size[0]), resample=s.resample))
-
-
 def preprocess_qwen_video(video: VideoInput, s: QwenImageSettings, max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES,
                           where: str = "video") -> QwenVideo:
     """A video content part -> QwenVideo (module doc). VideoError (one line, starting with ``where``) for unreadable
     frames or files, frames of different sizes, or more than ``max_video_frames`` frames."""
     frames, fps, source = _frames(video, max_video_frames, where)
-    if not fps > 0:
-        raise VideoError(f"{where}: fps must be > 0, got {fps}")
-    sizes = {f.shape[:2] for f in frames}
-    if len(sizes) != 1:
-        raise VideoError(f"{where}: frames must all be the same size, got {sorted(sizes)} (height, width)")
-    h, w = frames[0].shape[:2]
+    h, w = frame_size(frames, fps, where)
     nframes = _ceil(len(frames), FRAME_FACTOR)
     lo, hi = file_pixel_limits(nframes, s) if source == "file" else (s.min_pixels, s.max_pixels)
     try:
         size = smart_resize(h, w, s.factor, lo, hi)
     except ValueError as exc:
         raise VideoError(f"{where}: frames {w}x{h}: {exc}") from None
-    frames = [_resize(f, size, s) for f in frames]
+    frames = [resize_rgb(f, size, s.resample) for f in frames]
     frames += [frames[-1]] * (nframes - len(frames))  # an even count, as qwen-vl-utils
-    x = np.stack(frames).transpose(0, 3, 1, 2)  # uint8 [F, C, H, W]
-    if s.do_rescale:
-        x = (x.astype(np.float64) * s.rescale_factor).astype(np.float32)  # float64 multiply, as the image path
-    x = x.astype(np.float32, copy=False)
-    if s.do_normalize:
-        mean, std = np.asarray(s.image_mean, np.float32), np.asarray(s.image_std, np.float32)
-        x = (x - mean[:, None, None]) / std[:, None, None]
-    patches, grid = patchify_video(x.astype(np.float32, copy=False), s)
-    return QwenVideo(patches, grid, grid[0] * s.temporal_patch_size, s.temporal_patch_size / fps, size, (h, w))
-
-
-def patchify_video(frames: np.ndarray, s: QwenImageSettings) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """float32 [F, C, H, W] -> (float32 [t*gh*gw, C*T*P*P], (t, gh, gw)): frames padded with the last one to a
-    multiple of T = temporal_patch_size; rows by (temporal patch, merged-token row, merged-token col, row and col
-    inside the merge block), columns by (channel, frame in the temporal patch, patch row, patch col)."""
-    p, m, tp = s.patch_size, s.merge_size, s.temporal_patch_size
-    if pad := (-len(frames)) % tp:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)])
-    f, c, height, width = frames.shape
-    t, gh, gw = f // tp, height // p, width // p
-    x = frames.reshape(t, tp, c, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return np.ascontiguousarray(x.reshape(t * gh * gw, c * tp * p * p), dtype=np.float32), (t, gh, gw)
+    x = normalize(np.stack(frames).transpose(0, 3, 1, 2), s)  # [F, C, H, W]
+    patches, grid = patchify(x, s)
+    return QwenVideo(patches, grid, size, (h, w), num_frames=grid[0] * s.temporal_patch_size,
+                     second_per_grid_t=s.temporal_patch_size / fps)

@@ -1,6 +1,7 @@
-"""Qwen3-VL: the adapter (family.py, export time), its run-time rules (runtime.py), preprocessing (preprocess.py),
-the vision graph's host tables (vision.py), M-RoPE positions (positions.py), all numpy; the export-time torch vision
-wrapper (graphs.py). DeepStack levels are decoder extras (contract v4)."""
+"""Qwen3-VL: the adapter (family.py, export time), its run-time rules (runtime.py), its preprocessor defaults
+(preprocess.py), video sampling and timestamps (video.py), the vision graph's host tables (vision.py), all numpy; the
+export-time torch vision wrapper (graphs.py). DeepStack levels are decoder extras (contract v4). Image preprocessing
+and M-RoPE positions are shared with Qwen2.5-VL (families/qwen_vl.py)."""
 
 from coverpruner.families.contract import FamilyEntry
 from coverpruner.families.qwen3_vl.family import Qwen3VLFamily

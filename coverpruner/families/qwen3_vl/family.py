@@ -6,7 +6,8 @@ One request (the checkpoint's chat template, no default system turn):
     "<|im_start|>user\\n<|vision_start|><|image_pad|>*n<|vision_end|>{prompt}<|im_end|>\\n<|im_start|>assistant\\n"
 The n image-pad rows take the main merger's outputs (the pruning candidates); DeepStack level k (k < the decoder's
 layers) is added to the hidden states decoder layer k outputs at the same rows: a decoder extra (contract v4,
-"visual_extra.k"), gathered with the kept indices. Positions: positions.py (native, decode at max + 1 + t).
+"visual_extra.k"), gathered with the kept indices. Positions: families/qwen_vl.py (native, decode at max + 1 + t),
+shared with Qwen2.5-VL.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from coverpruner.families.contract import DecoderExtra, DecoderSpec, ExportSpec, RequestOption
+from coverpruner.families.contract import DecoderExtra, DecoderSpec, ExportSpec
 from coverpruner.families.hf import HFFamily, chat_layout, text_dims
+from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, QwenVLFamily, video_options
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
-from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN, Qwen3VLRuntime, extra_names
+from coverpruner.families.qwen3_vl.runtime import Qwen3VLRuntime, extra_names
 from coverpruner.families.qwen3_vl.video import DEFAULT_MAX_VIDEO_FRAMES, Qwen3VideoSettings
 from coverpruner.families.qwen3_vl.vision import VISION_INPUTS, vision_inputs
 
@@ -27,35 +29,15 @@ def deepstack_levels(config) -> int:
     return min(len(config.vision_config.deepstack_visual_indexes), config.text_config.num_hidden_layers)
 
 
-def _int_at_least(value, name: str, minimum: int, what: str = "") -> int:
-    """An int (or digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>, got ..."."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}")
-    return int(value)
+VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION = video_options("Qwen3-VL", DEFAULT_MAX_VIDEO_FRAMES)
 
 
-VIDEO_WINDOW_OPTION = RequestOption(
-    name="video_window", parse=lambda v: _int_at_least(v, "video_window", 1, " (temporal patches per window)"),
-    metavar="K", help="Qwen3-VL video: select within windows of K temporal patches (2K frames), the budget split "
-                      "across windows (coverpruner.selection.windowed). Default: one selection over the whole video.")
-MAX_VIDEO_FRAMES_OPTION = RequestOption(
-    name="max_video_frames", parse=lambda v: _int_at_least(v, "max_video_frames", 2), metavar="N",
-    default=DEFAULT_MAX_VIDEO_FRAMES,
-    help=f"Qwen3-VL video: the most frames a video may give after sampling (default {DEFAULT_MAX_VIDEO_FRAMES}); "
-         "more is refused in one line.")
-
-
-class Qwen3VLFamily(HFFamily):
+class Qwen3VLFamily(QwenVLFamily):
     """Adapter for Qwen3-VL checkpoints in the HF format (model_type "qwen3_vl")."""
 
     name = "qwen3_vl"
     model_class = "Qwen3VLForConditionalGeneration"
-    position_mode = "native"
-    position_rank = 3
     mrope_interleaved = True
-    image_token = IMAGE_TOKEN
     request_options = (VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
     support_files = HFFamily.support_files + ("video_preprocessor_config.json",)
 
@@ -63,10 +45,7 @@ class Qwen3VLFamily(HFFamily):
         return Qwen3VLRuntime(manifest)
 
     def processor_settings(self, model_dir: Path) -> dict:
-        f = Path(model_dir) / "preprocessor_config.json"
-        if not f.is_file():
-            raise FileNotFoundError(f"{model_dir}: preprocessor_config.json is missing")
-        image = json.loads(f.read_text())
+        image = self.preprocessor_config(model_dir)
         v = Path(model_dir) / "video_preprocessor_config.json"  # HF's video processor reads the image one without it
         video = json.loads(v.read_text()) if v.is_file() else image
         return {**Qwen3ImageSettings.from_dict(image).to_dict(), "video": Qwen3VideoSettings.from_dict(video).to_dict()}
@@ -80,18 +59,6 @@ class Qwen3VLFamily(HFFamily):
             "num_position_embeddings": v.num_position_embeddings, "deepstack_levels": deepstack_levels(config),
             "patch_dim": v.in_channels * v.temporal_patch_size * v.patch_size ** 2,
         }
-
-    def token_ids(self, config, model_dir: Path | None = None) -> dict:
-        """Special ids; eos_token_id from generation_config.json when present (<|im_end|> and <|endoftext|>)."""
-        t = config.text_config
-        eos = t.eos_token_id
-        gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
-        if gen is not None and gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id", eos)
-        return {"image_token_id": int(config.image_token_id), "video_token_id": int(config.video_token_id),
-                "vision_start_token_id": config.vision_start_token_id,
-                "vision_end_token_id": config.vision_end_token_id, "bos_token_id": t.bos_token_id,
-                "eos_token_id": eos, "pad_token_id": t.pad_token_id}
 
     def decoder_spec(self, config) -> DecoderSpec:
         """DeepStack level k enters after decoder layer k (contract v4 extras)."""

@@ -19,20 +19,20 @@ Qwen3VLProcessor's timestamped layout (rules re-stated from transformers 5.24, n
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image
 
-from coverpruner.errors import ImageError, VideoError
-from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, normalize, patchify
-from coverpruner.images import load_rgb
-from coverpruner.video import VideoCost, VideoInput, probe_video, read_video
+from coverpruner.errors import VideoError
+from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+from coverpruner.families.qwen_vl import (QwenImage, frame_list, frame_size, normalize, patchify, pixel_limits,
+                                          probe_header, read_frames, resize_rgb, sample_indices, smart_resize,
+                                          video_tokens)
+from coverpruner.families.qwen_vl_base import VIDEO_TOKEN
+from coverpruner.video import VideoCost, VideoInput
 
 #: frames per video a request may hold when neither the request nor the manifest says (option max_video_frames)
 DEFAULT_MAX_VIDEO_FRAMES = 64
-VIDEO_TOKEN = "<|video_pad|>"
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class Qwen3VideoSettings:
     """video_preprocessor_config.json's fields that matter (HF reads preprocessor_config.json's size when the
     checkpoint has no video config; defaults: Qwen3VLVideoProcessor's)."""
 
+    # transformers 5.24 models/qwen3_vl/video_processing_qwen3_vl.py, class Qwen3VLVideoProcessor: size
+    # {"shortest_edge": 128*32*32, "longest_edge": 32*32*768}, fps 2, min_frames 4, max_frames 768. (The
+    # Qwen3-VL-*-Instruct checkpoints' own video_preprocessor_config.json sets size {4096, 25165824}; from_dict reads
+    # it from the checkpoint.)
     min_pixels: int = 128 * 32 * 32
     max_pixels: int = 768 * 32 * 32
     fps: float = 2.0
@@ -48,13 +52,8 @@ class Qwen3VideoSettings:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Qwen3VideoSettings":
-        size = d.get("size") or {}
-        kw = {}
-        if "shortest_edge" in size:
-            kw["min_pixels"] = int(size["shortest_edge"])
-        if "longest_edge" in size:
-            kw["max_pixels"] = int(size["longest_edge"])
-        for key in ("min_pixels", "max_pixels", "min_frames", "max_frames"):
+        kw = pixel_limits(d)
+        for key in ("min_frames", "max_frames"):
             if d.get(key) is not None:
                 kw[key] = int(d[key])
         if d.get("fps") is not None:
@@ -67,55 +66,30 @@ class Qwen3VideoSettings:
 
 
 @dataclass(frozen=True)
-class Qwen3Video:
-    """pixel_values float32 [t*gh*gw, C*T*P*P]; grid_thw (t, gh, gw); num_frames after padding (t*T); timestamps:
-    seconds of each temporal patch [t]; fps the timestamps were computed with; resized / original (H, W)."""
+class Qwen3Video(QwenImage):
+    """qwen_vl.QwenImage's pixel_values [t*gh*gw, C*T*P*P], grid_thw (t, gh, gw), resized / original (H, W), plus
+    num_frames after padding (t*T), timestamps: seconds of each temporal patch [t], and the fps they were computed
+    with."""
 
-    pixel_values: np.ndarray
-    grid_thw: tuple[int, int, int]
-    num_frames: int
-    timestamps: tuple[float, ...]
-    fps: float
-    resized: tuple[int, int]
-    original: tuple[int, int]
-
-    @property
-    def num_visual_tokens(self) -> int:
-        t, h, w = self.grid_thw
-        return t * h * w // 4
+    num_frames: int = 0
+    timestamps: tuple[float, ...] = ()
+    fps: float = 0.0
 
 
 def video_smart_resize(num_frames: int, height: int, width: int, factor: int, min_pixels: int,
                        max_pixels: int, temporal: int = 2) -> tuple[int, int]:
-    """(H, W) of every frame (module doc): t_bar * H * W within [min_pixels, max_pixels]. ValueError (one line)
-    for an aspect ratio above 200."""
+    """(H, W) of every frame (module doc): a side shorter than ``factor`` first scaled up, then qwen_vl.smart_resize
+    bounding t_bar * H * W within [min_pixels, max_pixels]. ValueError (one line) for an aspect ratio above 200."""
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
-    h_bar, w_bar = round(height / factor) * factor, round(width / factor) * factor
-    t_bar = round(num_frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > max_pixels:
-        beta = math.sqrt((num_frames * height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (num_frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    return smart_resize(height, width, factor, min_pixels, max_pixels, num_frames, temporal)
 
 
 def sample_count(total: int, video_fps: float, fps: float, v: Qwen3VideoSettings, max_frames: int | None) -> int:
     """Frames taken from a file of ``total`` frames at ``video_fps`` (module doc)."""
     n = int(total / video_fps * fps)
     return min(max(n, v.min_frames), v.max_frames if max_frames is None else int(max_frames), total)
-
-
-def sample_indices(total: int, n: int) -> np.ndarray:
-    """int64 [n]: round(linspace(0, total - 1, n)) (round half to even, as numpy in HF)."""
-    return np.linspace(0, total - 1, n).round().astype(np.int64)
 
 
 def timestamps(indices, fps: float, temporal: int = 2) -> tuple[float, ...]:
@@ -144,17 +118,7 @@ def _sampled(video: VideoInput, total: int, video_fps: float, v: Qwen3VideoSetti
 def _frames(video: VideoInput, v: Qwen3VideoSettings, limit: int, where: str):
     """(uint8 RGB frames, the frame indices, the rate the indices count at)."""
     if video.is_frames:
-        frames = list(video.video)
-        if not frames:
-            raise VideoError(f"{where}: the frame list is empty")
-        if len(frames) > limit:
-            raise VideoError(f"{where}: {len(frames)} frames; at most {limit} per video (max_video_frames)")
-        rgb = []
-        for k, frame in enumerate(frames):
-            try:
-                rgb.append(load_rgb(frame, True)[1])
-            except ImageError as exc:
-                raise VideoError(f"{where}: frame {k}: {exc}") from None
+        rgb = frame_list(video, limit, where)
         return rgb, np.arange(len(rgb)), v.fps if video.fps is None else float(video.fps)
     box = {}
 
@@ -162,11 +126,7 @@ def _frames(video: VideoInput, v: Qwen3VideoSettings, limit: int, where: str):
         box["idx"] = sample_indices(total, _sampled(video, total, video_fps, v, limit, where))
         return box["idx"]
 
-    try:
-        frames, rate = read_video(video.video, pick)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    frames, rate = read_frames(video, pick, where)
     return frames, box["idx"], rate
 
 
@@ -176,19 +136,15 @@ def video_cost(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSettings, 
     line) for an unreadable header or more than ``limit`` frames."""
     if video.is_frames:
         return None
-    try:
-        header = probe_video(video.video)
-    except VideoError as exc:
-        message = str(exc)
-        raise VideoError(message if message.startswith(where) else f"{where}: {message}") from None
+    header = probe_header(video, where)
     n = (_sampled(video, header.frames, header.fps, v, limit, where) if header.frames > 0
          else limit if video.max_frames is None else min(video.max_frames, limit))
     try:
-        h, w = video_smart_resize(n, header.height, header.width, s.factor, v.min_pixels, v.max_pixels)
+        size = video_smart_resize(n, header.height, header.width, s.factor, v.min_pixels, v.max_pixels)
     except (ValueError, ZeroDivisionError) as exc:
         raise VideoError(f"{where}: frames {header.width}x{header.height}: {exc}") from None
     n += n % s.temporal_patch_size
-    return VideoCost(n, header.height, header.width, (n // s.temporal_patch_size) * (h // s.factor) * (w // s.factor))
+    return VideoCost(n, header.height, header.width, video_tokens(n, size, s))
 
 
 def sampled_frames(video: VideoInput, v: Qwen3VideoSettings, limit: int = DEFAULT_MAX_VIDEO_FRAMES,
@@ -203,20 +159,12 @@ def preprocess_video(video: VideoInput, s: Qwen3ImageSettings, v: Qwen3VideoSett
     """A video content part -> Qwen3Video (module doc). VideoError (one line, starting with ``where``) for
     unreadable frames or files, frames of different sizes, a bad fps or more than ``limit`` frames."""
     frames, indices, fps = _frames(video, v, limit, where)
-    if not fps > 0:
-        raise VideoError(f"{where}: fps must be > 0, got {fps}")
-    sizes = {f.shape[:2] for f in frames}
-    if len(sizes) != 1:
-        raise VideoError(f"{where}: frames must all be the same size, got {sorted(sizes)} (height, width)")
-    h, w = frames[0].shape[:2]
+    h, w = frame_size(frames, fps, where)
     try:
         size = video_smart_resize(len(frames), h, w, s.factor, v.min_pixels, v.max_pixels, s.temporal_patch_size)
     except ValueError as exc:
         raise VideoError(f"{where}: frames {w}x{h}: {exc}") from None
-    if size != (h, w):
-        frames = [np.asarray(Image.fromarray(f).resize((size[1], size[0]), resample=s.resample)) for f in frames]
-    x = np.stack([normalize(f, s) for f in frames])
-    if pad := -len(x) % s.temporal_patch_size:
-        x = np.concatenate([x, np.repeat(x[-1:], pad, axis=0)])
-    patches, grid = patchify(x, s)
-    return Qwen3Video(patches, grid, len(x), timestamps(indices, fps, s.temporal_patch_size), fps, size, (h, w))
+    x = normalize(np.stack([resize_rgb(f, size, s.resample) for f in frames]).transpose(0, 3, 1, 2), s)
+    patches, grid = patchify(x, s)  # pads with the last frame to an even count
+    return Qwen3Video(patches, grid, size, (h, w), num_frames=grid[0] * s.temporal_patch_size,
+                      timestamps=timestamps(indices, fps, s.temporal_patch_size), fps=fps)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+# hooks the conversation reference looks up, the same for both Qwen families (tests/families/qwen_common.py)
+from tests.families.qwen_common import before_generate, native_positions, processor_inputs  # noqa: F401
+from tests.families.qwen_common import single_image_reference as single_image
+
 #: pruned positions: "native" (kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows)
 POSITIONS = "native"
 
@@ -32,28 +36,11 @@ def load(ckpt):
     return processor, model
 
 
-def processor_inputs(processor, text: str, images: list) -> dict:
-    return processor(images=images or None, text=[text], return_tensors="pt")
-
-
 def image_features(model, inputs: dict) -> list:
     import torch
 
     with torch.no_grad():
         return list(model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output)
-
-
-def native_positions(model, inputs: dict):
-    """int64 [3, L]: HF's get_rope_index (text only: 0..L-1 in all three rows)."""
-    import torch
-
-    ids = inputs["input_ids"]
-    if "image_grid_thw" not in inputs:
-        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
-    with torch.no_grad():
-        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
-                                                  image_grid_thw=inputs["image_grid_thw"])
-    return positions[:, 0]
 
 
 def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[tuple[int, int, int]],
@@ -78,15 +65,8 @@ def qwen_literal_positions(ids: list[int], spans: list[np.ndarray], grids: list[
     return pos
 
 
-def before_generate(model) -> None:
-    """HF keeps rope deltas between calls: a previous call's must not leak into model.generate."""
-    model.model.rope_deltas = None
-
-
 def single_image_reference(fam, img, prompt: str, budget: int, steps: int):
     """(tokens, kept indices, relevance) from tests/families/qwen2_5_vl/hf_reference.py."""
     from tests.families.qwen2_5_vl import hf_reference as ref
 
-    req = ref.native_request(fam.model, fam.ckpt, img, prompt)
-    keep = ref.select(fam.model, req, "coverpruner", budget)
-    return ref.pruned_generate(fam.model, req, keep, steps, fam.eos), keep, ref.layer0_relevance(fam.model, req)
+    return single_image(ref, fam, img, prompt, budget, steps)

@@ -1,69 +1,31 @@
 """Qwen2.5-VL reference answers built directly on the HF PyTorch model (tests only; torch/transformers).
 
 Independent of the code under test: HF's processor lays out the prompt, HF's get_rope_index gives the
-positions, HF's layer-0 eager attention gives the demand, the selectors below are literal float64
-transcriptions of the definitions (not coverpruner.selection), and generation is a plain greedy loop over
-the HF model with explicit 3-D positions. Nothing here uses the exported graphs or the family adapter.
+positions, HF's layer-0 eager attention gives the demand, the selectors are literal float64 transcriptions of
+the definitions (tests/literal_selection.py, not coverpruner.selection; these parts are shared with Qwen3-VL's
+reference in tests/families/qwen_common.py), and generation is a plain greedy loop over the HF model with explicit
+3-D positions. Nothing here uses the exported graphs or the family adapter.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
+# the shared HF reference parts (tests/families/qwen_common.py): HF's layout, demand and literal selectors
+from tests.families.qwen_common import Native, layer0_relevance, select
+from tests.families.qwen_common import native_request as _native_request
 from tests.literal_selection import coverage_reference as literal_coverage  # literal float64 greedy, exact argmax
 from tests.literal_selection import divprune_reference as literal_divprune
-from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 
-
-@dataclass
-class Native:
-    """One request laid out by HF: processor outputs, full inputs_embeds [1,L,d], 3-D positions [3,1,L],
-    visual positions [n], instruction positions [T] (the tokens between <|vision_end|> and <|im_end|>)."""
-
-    inputs: dict
-    embeds: torch.Tensor
-    positions: torch.Tensor
-    visual: np.ndarray
-    instruction: np.ndarray
-    features: torch.Tensor
+__all__ = ["Native", "greedy", "layer0_relevance", "literal_coverage", "literal_divprune", "masked_generate",
+           "native_request", "pruned_generate", "select"]
 
 
 def native_request(model, ckpt, image, prompt) -> Native:
-    inputs = hf_inputs(ckpt, image, prompt)
-    ids = inputs["input_ids"][0]
-    cfg = model.config
-    visual = torch.nonzero(ids == cfg.image_token_id).flatten()
-    end = int(torch.nonzero(ids == cfg.vision_end_token_id)[0])
-    im_end = int(torch.nonzero(ids == cfg.text_config.eos_token_id).flatten()[-1])  # the user turn's <|im_end|>
-    with torch.no_grad():
-        feats = model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output[0]
-        embeds = model.model.get_input_embeddings()(inputs["input_ids"]).clone()
-        embeds[0, visual] = feats
-        positions, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                                  image_grid_thw=inputs["image_grid_thw"])
-    return Native(inputs, embeds, positions, visual.numpy(), np.arange(end + 1, im_end), feats)
-
-
-def layer0_relevance(model, req: Native) -> np.ndarray:
-    """Mean over heads and instruction rows of HF's layer-0 attention at the visual columns (eager)."""
-    with torch.no_grad():
-        att = model(**req.inputs, output_attentions=True).attentions[0][0]  # [H, L, L]
-    return att[:, req.instruction][:, :, req.visual].mean(dim=(0, 1)).numpy()
-
-
-def select(model, req: Native, method: str, budget, tau: float = 0.3) -> np.ndarray:
-    n = req.visual.size
-    if budget is None or budget >= n:
-        return np.arange(n)
-    feats = req.features.float().numpy()
-    if method == "coverpruner":
-        return literal_coverage(feats, layer0_relevance(model, req), budget, tau)
-    if method == "divprune":
-        return literal_divprune(feats, budget)
-    raise ValueError(method)
+    """HF's processor, image features and get_rope_index for one image request."""
+    return _native_request(model, hf_inputs(ckpt, image, prompt))
 
 
 def greedy(model, embeds, positions, mask, steps: int, eos: set[int]) -> list[int]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from coverpruner.families import get_family
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
+from coverpruner.families.qwen_vl import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen2_5_vl.vision import VISION_INPUTS, vision_inputs
 from tests.families.qwen2_5_vl.fixtures import ort_session, sample_image
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from coverpruner.families.qwen2_5_vl.positions import decode_position, native_positions
+from coverpruner.families.qwen_vl import decode_position, native_positions
 from tests.families.qwen2_5_vl.fixtures import our_request, sample_image
 from tests.families.qwen2_5_vl.hf_qwen import hf_inputs
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, check_image_size, preprocess_qwen_image
+from coverpruner.families.qwen_vl import QwenImageSettings, check_image_size, preprocess_qwen_image
 
 transformers = pytest.importorskip("transformers")
 

@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from coverpruner.engine_dir import load_manifest
 from coverpruner.families import get_family
-from coverpruner.families.qwen2_5_vl.positions import native_positions
+from coverpruner.families.qwen_vl import native_positions
 from coverpruner.video import VideoInput
 from tests.families.qwen2_5_vl.fixtures import sample_image
 from tests.families.qwen2_5_vl.hf_video import hf_video_inputs, smooth_frames

@@ -9,7 +9,7 @@ import pytest
 
 from coverpruner.errors import VideoError
 from coverpruner.families.qwen2_5_vl import video as qv
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings
+from coverpruner.families.qwen_vl import QwenImageSettings
 from coverpruner.video import VideoInput, read_video
 from tests.families.qwen2_5_vl.hf_video import smooth_frames, video_pixel_values
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from coverpruner.families.qwen2_5_vl.preprocess import QwenImageSettings, preprocess_qwen_image
+from coverpruner.families.qwen_vl import QwenImageSettings, preprocess_qwen_image
 from coverpruner.families.qwen2_5_vl.vision import (image_cu_seqlens, vision_inputs, vision_position_ids,
                                               window_index)
 from tests.families.qwen2_5_vl.fixtures import ort_session, sample_image

@@ -5,6 +5,10 @@ transformers."""
 
 from __future__ import annotations
 
+# hooks the conversation reference looks up, the same for both Qwen families (tests/families/qwen_common.py)
+from tests.families.qwen_common import before_generate, native_positions, processor_inputs  # noqa: F401
+from tests.families.qwen_common import single_image_reference as single_image
+
 #: pruned positions: kept rows keep their M-RoPE positions, decode at max(native)+1+t in all rows
 POSITIONS = "native"
 
@@ -14,10 +18,6 @@ def load(ckpt):
     from tests.families.qwen3_vl.hf_qwen3 import hf_model, hf_processor
 
     return hf_processor(ckpt), hf_model(str(ckpt))
-
-
-def processor_inputs(processor, text: str, images: list) -> dict:
-    return processor(images=images or None, text=[text], return_tensors="pt")
 
 
 def _vision(model, inputs: dict):
@@ -37,19 +37,6 @@ def deepstack_features(model, inputs: dict) -> list:
     return [[level[j] for level in levels] for j in range(len(levels[0]))]
 
 
-def native_positions(model, inputs: dict):
-    """int64 [3, L]: HF's get_rope_index (text only: 0..L-1 in all three rows)."""
-    import torch
-
-    ids = inputs["input_ids"]
-    if "image_grid_thw" not in inputs:
-        return torch.arange(ids.shape[1])[None].expand(3, -1).clone()
-    with torch.no_grad():
-        positions, _ = model.model.get_rope_index(ids, inputs["mm_token_type_ids"],
-                                                  image_grid_thw=inputs["image_grid_thw"])
-    return positions[:, 0]
-
-
 def greedy_deepstack(model, embeds, positions, mask, deepstack, steps: int, eos: set[int], start: int) -> list[int]:
     """Greedy loop over HF's text model + lm_head: prefill with visual_pos_masks / deepstack_visual_embeds
     (deepstack: (visual mask, levels)), decode the t-th token at start + t in all rows (the family's HF reference
@@ -60,15 +47,8 @@ def greedy_deepstack(model, embeds, positions, mask, deepstack, steps: int, eos:
     return greedy(model, embeds, positions, visual_mask, levels, steps, eos, mask=mask, start=start)
 
 
-def before_generate(model) -> None:
-    """HF keeps rope deltas between calls: a previous call's must not leak into model.generate."""
-    model.model.rope_deltas = None
-
-
 def single_image_reference(fam, img, prompt: str, budget: int, steps: int):
     """(tokens, kept indices, relevance) from tests/families/qwen3_vl/hf_reference.py."""
     from tests.families.qwen3_vl import hf_reference as ref
 
-    req = ref.native_request(fam.model, fam.ckpt, img, prompt)
-    keep = ref.select(fam.model, req, "coverpruner", budget)
-    return ref.pruned_generate(fam.model, req, keep, steps, fam.eos), keep, ref.layer0_relevance(fam.model, req)
+    return single_image(ref, fam, img, prompt, budget, steps)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tests.families import qwen_common as common
+
 PRESET = "qwen3-vl-tiny"
 
 # candidates of assets/demo.png (480x360 -> 448x320 -> 14 x 10 merged tokens)
@@ -25,70 +27,26 @@ def check_trt_profiles(section: dict, manifest: dict) -> None:
 
 
 # --- "pipeline == independent HF reference" (tests/matrix/test_pipeline_reference.py) ---
-# The reference (tests/families/qwen3_vl/hf_reference.py): HF processor layout, HF get_rope_index positions, HF
-# eager layer-0 demand, literal float64 selectors, HF's DeepStack levels gathered with the kept indices, a greedy
-# loop over HF's text model with explicit 3-D positions.
-NEW = 10
-PROMPT = "What is written on the sign next to the red car?"
+# The reference (tests/families/qwen3_vl/hf_reference.py with tests/families/qwen_common.py): HF processor layout,
+# HF get_rope_index positions, HF eager layer-0 demand, literal float64 selectors, HF's DeepStack levels gathered with
+# the kept indices, a greedy loop over HF's text model with explicit 3-D positions.
+NEW, PROMPT, GRAPH_PROMPT = common.NEW, common.PROMPT, common.GRAPH_PROMPT
 PIPELINE_CASES = ["300x250"]
-
-
-def pipeline_case(family, request, case_id: str):
-    from tests.families.qwen3_vl.fixtures import sample_image
-
-    return sample_image(5, (300, 250)), PROMPT, {}
-
-
-def _native(family, request, case_id: str):
-    from tests.families.qwen3_vl import hf_reference as ref
-
-    image, prompt, _ = pipeline_case(family, request, case_id)
-    return family.memo(("native", case_id), lambda: ref.native_request(
-        request.getfixturevalue("qwen3_hf"), request.getfixturevalue("qwen3_checkpoint"), image, prompt))
-
-
-def _eos(model) -> set[int]:
-    return set(model.generation_config.eos_token_id)
+# the shared facts (qwen_common.QwenFacts): 72 visual tokens for the 300x250 case
+_facts = common.QwenFacts("qwen3_hf", "qwen3_checkpoint", "tests.families.qwen3_vl.hf_reference", 72)
+pipeline_case, hf_pruned, check_full, check_pruned = (_facts.pipeline_case, _facts.hf_pruned, _facts.check_full,
+                                                      _facts.check_pruned)
 
 
 def hf_full(family, request, case_id: str) -> list[int]:
     """HF generate on the processor's inputs (greedy): the whole model, DeepStack included."""
     import torch
 
-    model, req = request.getfixturevalue("qwen3_hf"), _native(family, request, case_id)
+    model, req = request.getfixturevalue("qwen3_hf"), _facts.native(family, request, case_id)
     model.model.rope_deltas = None  # HF keeps rope deltas between calls
     with torch.no_grad():
         out = model.generate(**req.inputs, max_new_tokens=NEW, do_sample=False)
     return out[0, req.inputs["input_ids"].shape[1]:].tolist()
-
-
-def hf_pruned(family, request, case_id: str, budget: int, method: str):
-    """(new token ids, kept indices, demand or None, the native request)."""
-    from tests.families.qwen3_vl import hf_reference as ref
-
-    model, req = request.getfixturevalue("qwen3_hf"), _native(family, request, case_id)
-    keep = ref.select(model, req, method, budget)
-    relevance = ref.layer0_relevance(model, req) if method == "coverpruner" else None
-    return ref.pruned_generate(model, req, keep, NEW, _eos(model)), keep, relevance, req
-
-
-def check_full(family, request, case_id: str, got, want) -> None:
-    import numpy as np
-
-    model, req = request.getfixturevalue("qwen3_hf"), _native(family, request, case_id)
-    assert got.num_visual_tokens == req.visual.size == 72 and got.prompt_tokens == req.embeds.shape[1]
-    assert set(np.atleast_1d(family.pipe.manifest.token_ids["eos_token_id"]).tolist()) == \
-        set(model.generation_config.eos_token_id)
-
-
-def check_pruned(family, request, case_id: str, got, ref_out, budget: int) -> None:
-    """Pruned == the full model with the dropped columns masked out (native positions, DeepStack kept rows)."""
-    from tests.families.qwen3_vl import hf_reference as ref
-
-    model = request.getfixturevalue("qwen3_hf")
-    _, keep, _, req = ref_out
-    assert got.prefill_tokens == req.embeds.shape[1] - (req.visual.size - budget)
-    assert got.token_ids == ref.masked_generate(model, req, keep, NEW, _eos(model))
 
 
 # --- "every graph vs HF" (tests/matrix/test_graph_parity.py) ---
@@ -97,75 +55,40 @@ def check_pruned(family, request, case_id: str, got, ref_out, budget: int) -> No
 # tests/families/qwen3_vl/test_pipeline.py (three shapes, budgets full / 32 / 8, DivPrune): not repeated here.
 VISION_SIZES = [(300, 250), (140, 420), (400, 330)]
 PROBE_SIZES = [(300, 250)]
-GRAPH_PROMPT = "Describe the small red sign near the top left corner."
 GRAPH_CASES = ([f"vision-{h}x{w}" for h, w in VISION_SIZES] + ["embed-ids"] + [f"probe-{h}x{w}" for h, w in PROBE_SIZES]
                + ["selector-64", "selector-16"])
 DECODER_CASES = ["prefill-decode-300x250"]
 
 
-def _size(case_id: str) -> tuple[int, int]:
-    h, w = case_id.rsplit("-", 1)[1].split("x")
-    return int(h), int(w)
-
-
 def _graph_request(family, request, size):
-    """(HF processor inputs, HF inputs_embeds [1,L,d], DeepStack levels scattered to [1,L,d] each, our layout and
-    native positions [3,L])."""
-    def make():
-        import numpy as np
-        import torch
+    """qwen_common.graph_request with this family's HF inputs and request (DeepStack levels scattered to [1,L,d])."""
+    from tests.families.qwen3_vl.fixtures import our_request
+    from tests.families.qwen3_vl.hf_qwen3 import hf_inputs
 
-        from tests.families.qwen3_vl.fixtures import our_request, sample_image
-        from tests.families.qwen3_vl.hf_qwen3 import hf_inputs
-
-        model = request.getfixturevalue("qwen3_hf")
-        image = sample_image(3, size)
-        ref = hf_inputs(family.checkpoint, image, GRAPH_PROMPT)
-        _, layout, positions = our_request(family.export, image, GRAPH_PROMPT)
-        with torch.no_grad():
-            out = model.model.get_image_features(ref["pixel_values"], ref["image_grid_thw"])
-            embeds = model.model.get_input_embeddings()(ref["input_ids"])
-            rows = torch.from_numpy(layout.visual_positions)
-            embeds[0, rows] = out.pooler_output[0]
-            levels = []
-            for level in out.deepstack_features:
-                full = np.zeros(embeds.shape, np.float32)
-                full[0, layout.visual_positions] = level[0].numpy()
-                levels.append(full)
-        return ref, embeds.numpy(), levels, layout, positions
-    return family.memo(("graph_request", size), make)
+    return common.graph_request(family, request, size, "qwen3_hf", hf_inputs, our_request)
 
 
 def _hf_image(family, request, size):
     """(vision.onnx feed, HF main features [n,d], HF DeepStack levels [[n,d], ...]) for one image."""
-    import json
-
-    import torch
-
-    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, preprocess_image
+    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
     from coverpruner.families.qwen3_vl.vision import vision_inputs
-    from tests.families.qwen3_vl.fixtures import sample_image
 
     model = request.getfixturevalue("qwen3_hf")
-    settings = Qwen3ImageSettings.from_dict(json.loads((family.checkpoint / "preprocessor_config.json").read_text()))
-    img = preprocess_image(sample_image(1, size), settings)
+    img, out = common.hf_image(model, family.checkpoint, Qwen3ImageSettings, size)
     vc = model.config.vision_config
     feed = vision_inputs(img.pixel_values, img.grid_thw, vc.spatial_merge_size, vc.num_position_embeddings)
-    with torch.no_grad():
-        out = model.model.get_image_features(torch.from_numpy(img.pixel_values), torch.tensor([img.grid_thw]))
     return feed, out.pooler_output[0].numpy(), [level[0].numpy() for level in out.deepstack_features]
 
 
 def graph_case(family, request, case_id: str):
     import numpy as np
-    import torch
 
     from tests.family_matrix import GraphCase
 
     model = request.getfixturevalue("qwen3_hf")
     graph = case_id.split("-")[0]
     if graph == "vision":
-        feed, want, levels = _hf_image(family, request, _size(case_id))
+        feed, want, levels = _hf_image(family, request, common.case_size(case_id))
         # float32 through 3 blocks of 64-wide sums and 256-wide mergers: measured ~1e-6 of the output scale
         atol = 1e-5 * np.abs(want).max()
 
@@ -178,72 +101,17 @@ def graph_case(family, request, case_id: str):
                 assert np.abs(level - want).max() > 0.1 * np.abs(want).max()  # the levels are not the main output
         return GraphCase(feed, want, rtol=0, atol=atol, check=check)
     if graph == "embed":
-        ids = np.array([[1, 5, 17, 900, 1003, 1005]], np.int64)
-        return GraphCase({"input_ids": ids}, model.model.get_input_embeddings()(torch.from_numpy(ids)).detach().numpy())
+        return common.embed_case(model)
     if graph == "probe":
-        return _probe_case(family, request, model, _size(case_id))
-    budget = int(case_id.split("-")[1])  # selector-<budget>: the selector graph == coverage_select on HF features
-    from coverpruner.selection import coverage_select
-
-    _, feats, _ = _hf_image(family, request, (300, 250))
-    relevance = np.random.default_rng(0).random(feats.shape[0]).astype(np.float32)
-    return GraphCase({"image_features": feats, "relevance": relevance, "budget": np.array(budget, np.int64),
-                      "tau": np.array(0.3, np.float32)}, coverage_select(feats, relevance, budget=budget, tau=0.3))
-
-
-def _probe_case(family, request, model, size):
-    """HF's own layer-0 attention (q/k norm, interleaved M-RoPE at its get_rope_index positions)."""
-    import numpy as np
-    import torch
-
-    from tests.family_matrix import GraphCase
-
-    ref, embeds, _, layout, positions = _graph_request(family, request, size)
-    with torch.no_grad():
-        out = model(**ref, output_attentions=True)
-    att = out.attentions[0][0].numpy()  # [H, L, L]
-    want = att[:, layout.instruction_positions][:, :, layout.visual_positions].mean(axis=(0, 1))
-    feed = {"inputs_embeds": embeds, "position_ids": positions[:, None], "visual_positions": layout.visual_positions,
-            "instruction_positions": layout.instruction_positions}
-
-    def check(got, want, sess):
-        assert got.shape == (layout.visual_positions.size,)
-        flat_positions = np.broadcast_to(np.arange(embeds.shape[1]), (3, 1, embeds.shape[1])).copy()
-        (flat,) = sess.run(None, {**feed, "position_ids": flat_positions})
-        assert np.abs(flat - want).max() > 1e-3 * want.max()  # positions matter
-    # probabilities averaged over H*T entries; float32 softmax rounding ~1e-7 relative to each entry.
-    return GraphCase(feed, want, rtol=1e-4, atol=1e-7, check=check)
+        ref, embeds, _, layout, positions = _graph_request(family, request, common.case_size(case_id))
+        return common.probe_case(model, ref, embeds, layout, positions)
+    _, feats, _ = _hf_image(family, request, (300, 250))  # selector-<budget>
+    return common.selector_case(feats, int(case_id.split("-")[1]))
 
 
 def decoder_case(family, request, case_id: str):
     """Prefill of the native sequence with the DeepStack levels at the visual rows (HF: the whole model on the
     processor's inputs, its own positions and DeepStack), then one decode step at max(native)+1."""
-    import numpy as np
-    import torch
-
-    from coverpruner.families.qwen3_vl.positions import decode_position
-    from tests.family_matrix import DecoderCase
-
-    model = request.getfixturevalue("qwen3_hf")
-    ref, embeds, levels, layout, positions = _graph_request(family, request, _size(case_id))
-    model.model.rope_deltas = None
-    with torch.no_grad():
-        out = model(**ref, use_cache=True)
-
-    def hf_logits(step, token):
-        if step == 0:
-            return out.logits[:, -1].numpy()
-        with torch.no_grad():
-            ids = torch.cat([ref["input_ids"], torch.tensor([[token]])], 1)
-            mm = torch.cat([ref["mm_token_type_ids"], torch.zeros(1, 1, dtype=ref["mm_token_type_ids"].dtype)], 1)
-            model.model.rope_deltas = None
-            return model(input_ids=ids, pixel_values=ref["pixel_values"], image_grid_thw=ref["image_grid_thw"],
-                         mm_token_type_ids=mm).logits[:, -1].numpy()
-
-    def step_inputs(step, token):
-        emb = model.model.get_input_embeddings()(torch.tensor([[token]])).detach().numpy()
-        return emb, decode_position(positions, step - 1)[:, None, None]
-
-    extras = {f"visual_extra.{k}": level for k, level in enumerate(levels)}
-    return DecoderCase(embeds, np.ones((1, embeds.shape[1]), np.int64), positions[:, None], hf_logits, step_inputs,
-                       steps=1, extras=extras)
+    ref, embeds, levels, _, positions = _graph_request(family, request, common.case_size(case_id))
+    return common.hf_decoder_case(request.getfixturevalue("qwen3_hf"), ref, embeds, positions, levels,
+                                  reset_rope_deltas=True)

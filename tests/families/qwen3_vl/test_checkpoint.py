@@ -17,7 +17,7 @@ def test_shape_real_presets_build_with_deepstack_extras(preset):
 
     from coverpruner.families.qwen3_vl import Qwen3VLFamily
     from coverpruner.testing.qwen3_vl_checkpoints import build_qwen3_vl_config
-    from coverpruner.testing.qwen_checkpoints import train_qwen_tokenizer
+    from coverpruner.testing.qwen_vl_common import train_qwen_tokenizer
 
     family = Qwen3VLFamily()
     for layers, levels in ((2, 2), (4, 3)):  # HF adds level k after decoder layer k only while that layer exists

@@ -16,13 +16,14 @@ SIZES = [(40, 50), (300, 250), (140, 420), (900, 700)]
 def test_pixels_equal_hf_image_processor(qwen3_checkpoint, size):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings, preprocess_image
+    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+    from coverpruner.families.qwen_vl import preprocess_qwen_image
     from tests.families.qwen3_vl.fixtures import sample_image
 
     image = sample_image(2, size)
     hf = Qwen2VLImageProcessorPil.from_pretrained(str(qwen3_checkpoint))(images=[image], return_tensors="np")
     settings = Qwen3ImageSettings.from_dict(json.loads((qwen3_checkpoint / "preprocessor_config.json").read_text()))
-    ours = preprocess_image(image, settings)
+    ours = preprocess_qwen_image(image, settings)
     assert ours.grid_thw == tuple(int(v) for v in hf["image_grid_thw"][0])
     np.testing.assert_array_equal(ours.pixel_values, hf["pixel_values"])
     h, w = ours.resized
