@@ -263,8 +263,9 @@ def _write_quantized(directory: Path, stage: Path, manifest: dict, opts: QuantOp
         except onnx.checker.ValidationError as exc:
             raise QuantizeError(f"quantized graph failed onnx.checker: {exc}") from exc
         del model
-        kept = {k: v for k, v in entry.items() if k in ("form", "rotary")}
-        manifest["graphs"][g] = {**graph_entry(saved), **kept}
+        # graph_entry rewrites every file fact (file, data files, hashes, opset, inputs/outputs); the entry's other
+        # facts (decoder form, rotary, contract v4's decoder extras) stay as exported
+        manifest["graphs"][g] = {**entry, **graph_entry(saved)}
         after[g] = graph_bytes(stage, manifest["graphs"][g])
     return records, before, after
 
