@@ -242,15 +242,22 @@ def projection(counts: dict) -> list[dict]:
         kv_per_token = counts["kv_elements_per_token"] * act_bytes
         kv = kv_per_token * CONTEXT
         total = decoder + other + kv
-        fits = {}
-        for name, gb in DEVICES.items():
-            usable = gb * 1e9 - RESERVE_GB * 1e9
-            max_ctx = int((usable - decoder - other) // kv_per_token)
-            fits[name] = {"fits_4k": total <= usable, "max_context": max(0, min(max_ctx, CONTEXT))}
         rows.append({"precision": p, "weight_bits_per_param": wbits, "decoder_gb": decoder / 1e9,
                      "vision_embed_gb": other / 1e9, "kv_4k_gb": kv / 1e9, "total_gb": total / 1e9,
-                     "devices": fits})
+                     "devices": device_fits(decoder + other, kv_per_token)})
     return rows
+
+
+def device_fits(weights_bytes: float, kv_per_token: float) -> dict:
+    """{module: {"fits_4k", "max_context"}}: does the model fit each Orin module with RESERVE_GB taken, a KV cache
+    of CONTEXT tokens included, and the longest KV cache (<= CONTEXT tokens) that still fits."""
+    fits = {}
+    for name, gb in DEVICES.items():
+        usable = (gb - RESERVE_GB) * 1e9
+        max_ctx = int((usable - weights_bytes) // kv_per_token)
+        fits[name] = {"fits_4k": weights_bytes + kv_per_token * CONTEXT <= usable,
+                      "max_context": max(0, min(max_ctx, CONTEXT))}
+    return fits
 
 
 def predicted_file_bytes(counts2: dict, precision: str) -> float:

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_quant import CONTEXT, DEVICES, RESERVE_GB  # noqa: E402
+from bench_quant import CONTEXT, DEVICES, RESERVE_GB, device_fits  # noqa: E402
 
 GROUPS = {"decoder": re.compile(r"^layers\.(\d+)\."), "vision_block": re.compile(r"^visual\.blocks\.(\d+)\."),
           "deepstack_merger": re.compile(r"^visual\.deepstack_merger_list\.(\d+)\.")}
@@ -100,11 +100,7 @@ def project(engine: Path, preset: str) -> dict:
     kv_per_token = 2 * real["layers"] * t["num_key_value_heads"] * t["head_dim"] * 2  # K and V, fp16
     weights = sum(v["gb"] for v in parts.values()) * 1e9
     total = weights + kv_per_token * CONTEXT
-    devices = {}
-    for name, gb in DEVICES.items():
-        usable = (gb - RESERVE_GB) * 1e9
-        devices[name] = {"fits_4k": total <= usable,
-                         "max_context": int(max(0, min(CONTEXT, (usable - weights) // kv_per_token)))}
+    devices = device_fits(weights, kv_per_token)
     return {"preset": preset, "engine": str(engine), "engine_precision": manifest.get("quantization"),
             "real_depth": real, "parts": parts, "weights_gb": weights / 1e9, "kv_per_token_mb": kv_per_token / 1e6,
             "kv_4k_gb": kv_per_token * CONTEXT / 1e9, "total_4k_gb": total / 1e9, "devices": devices}
