@@ -44,13 +44,13 @@ def write_parquet(path: Path, rows: list[dict], image_seeds: list[int] | None = 
     return path
 
 
-def write_jsonl(path: Path, rows: list[dict], image_seeds: list[int]) -> Path:
-    """rows + an image path per row (PNG files in images/ next to the JSONL)."""
+def write_jsonl(path: Path, rows: list[dict], image_seeds: list[int], size: int = 40) -> Path:
+    """rows + an image path per row (png_bytes(seed, size) files in images/ next to the JSONL)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     (path.parent / "images").mkdir(exist_ok=True)
     with open(path, "w") as fh:
         for r, seed in zip(rows, image_seeds):
             name = f"images/{seed}.png"
-            (path.parent / name).write_bytes(png_bytes(seed))
+            (path.parent / name).write_bytes(png_bytes(seed, size))
             fh.write(json.dumps({**r, "image": name}) + "\n")
     return path

@@ -69,16 +69,13 @@ def test_selection_picture_on_the_32px_grid(pipe, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("fastapi") is None, reason="serving needs the serve extra (fastapi)")
 @pytest.mark.parametrize("budget", ["full", 16])
 def test_video_url_answers_as_pipeline_chat(qwen3_export, pipe, budget):
-    from fastapi.testclient import TestClient
-
-    from coverpruner.serving import ServerConfig, create_app
     from tests.serving.test_video import PROMPT as VIDEO_PROMPT
-    from tests.serving.test_video import body, encode_video, video_url
+    from tests.serving.test_video import _client, body, encode_video, video_url
 
     clip = encode_video(frames=8, size=(128, 192))  # 4 fps: fps 2 samples 4 frames = 2 temporal patches of 4 x 6
-    app = create_app(ServerConfig(str(qwen3_export), workers=1, threads=1, model_name="tiny"))
+    app, client = _client(qwen3_export)
     try:
-        with TestClient(app) as client:
+        with client:
             resp = client.post("/v1/chat/completions", json=body(video_url(clip), part_extra={"fps": 2.0},
                                                                    budget=budget, max_tokens=NEW))
     finally:
@@ -98,29 +95,29 @@ def test_eval_run_scores_the_engines_own_answers(qwen3_export, pipe, tmp_path):
     """coverpruner-eval run on the Qwen3-VL engine (its chat template wraps lmms-eval's GQA prompt): with the answers
     made from the pipeline's own full-budget answers to the prompt written out here, the full row scores 1.0 and
     the budget-8 rows keep 8 tokens."""
+    import io
     import json
 
-    from coverpruner.evaluation.cli import main
-    from tests.families.qwen3_vl.fixtures import sample_image
+    from PIL import Image
 
-    data = tmp_path / "gqa"
-    (data / "images").mkdir(parents=True)
-    rows = []
-    for i, (question, seed) in enumerate([("What color is the car?", 21), ("Where is the cup?", 22)]):
-        image = sample_image(seed, (160, 192))
-        image.save(data / "images" / f"{i}.png")
-        answer = pipe.generate(image, question + "\nAnswer the question using a single word or phrase.",
-                               budget="full", max_new_tokens=3).text.strip()
-        rows.append({"id": f"g{i}", "question": question, "answer": answer, "image": f"images/{i}.png"})
-    (data / "testdev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from coverpruner.evaluation.cli import main
+    from tests.evaluation.datasets import png_bytes, write_jsonl
+
+    questions, seeds, side = ["What color is the car?", "Where is the cup?"], [21, 22], 160
+    answers = [pipe.generate(Image.open(io.BytesIO(png_bytes(seed, side))).convert("RGB"),
+                             question + "\nAnswer the question using a single word or phrase.", budget="full",
+                             max_new_tokens=3).text.strip() for question, seed in zip(questions, seeds)]
+    data = write_jsonl(tmp_path / "gqa" / "testdev.jsonl",
+                       [{"id": f"g{i}", "question": q, "answer": a} for i, (q, a) in enumerate(zip(questions, answers))],
+                       seeds, size=side)
     out = tmp_path / "out"
-    assert main(["run", str(qwen3_export), "--task", "gqa", "--data", str(data / "testdev.jsonl"), "--out", str(out),
+    assert main(["run", str(qwen3_export), "--task", "gqa", "--data", str(data), "--out", str(out),
                  "--budgets", "full,8", "--methods", "coverpruner", "--max-new-tokens", "3", "--threads", "1",
                  "--no-progress"]) == 0
     preds = [json.loads(line) for line in (out / "gqa" / "predictions.jsonl").read_text().splitlines()]
     full = sorted((r for r in preds if r["budget"] == "full"), key=lambda r: r["question_id"])
-    assert [r["prediction"].strip() for r in full] == [r["answer"] for r in rows]
-    assert [r["kept_tokens"] for r in full] == [30, 30]  # 160x192 -> 5 x 6 merged tokens
+    assert [r["prediction"].strip() for r in full] == answers
+    assert [r["kept_tokens"] for r in full] == [25, 25]  # 160x160 -> 5 x 5 merged tokens
     assert sorted(r["kept_tokens"] for r in preds if r["budget"] == 8) == [8, 8]
     metrics = json.loads((out / "gqa" / "metrics" / "full.json").read_text())["metrics"]
     assert metrics["exact_match"] == 1.0
