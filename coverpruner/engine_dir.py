@@ -31,6 +31,12 @@ SUPPORTED_VERSIONS = (2,)
 MANIFEST = "manifest.json"
 VERIFY_CACHE = ".coverpruner-verified.json"
 
+#: The plugin-form selector node (export/selector_plugin.py) and the TensorRT plugin creator that runs it
+#: (engines/tensorrt.py looks it up in TensorRT's registry). Must equal kPluginName / kPluginVersion /
+#: kPluginNamespace in csrc/plugin/selector_plugin_core.h (tests/engines/test_selector_plugin_model.py compares).
+PLUGIN_OP = "CoverageSelector"
+PLUGIN_VERSION = "1"
+PLUGIN_NAMESPACE = ""
 #: The selector graph of each method that has one: selector.onnx (coverpruner, export/selector_graph.py) and the
 #: peers' selector_dart.onnx / selector_cdpruner.onnx (export/peer_graphs.py). Each is optional: a method whose
 #: graph is absent runs its numpy selector (coverpruner.selection).

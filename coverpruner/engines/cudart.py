@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -19,24 +20,58 @@ class CudaError(RuntimeError):
 
 
 _LIB: ctypes.CDLL | None = None
+_LIB_PATH: str | None = None
+_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver: this libcudart is newer than the driver (or no driver)
+_SONAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12")
+
+
+def cudart_candidates() -> list[str]:
+    """Where libcudart may be, in the order tried: $COVERPRUNER_CUDART alone when set; else the loader's sonames
+    (a library already loaded by TensorRT or onnxruntime-gpu, or one on the loader path), pip's CUDA runtime
+    wheels (site-packages/nvidia/cu13/lib from `nvidia-cuda-runtime` 13, nvidia/cuda_runtime/lib from
+    `nvidia-cuda-runtime-cu12`: what torch and onnxruntime-gpu bring, on no loader path), then the toolkit
+    ($CUDA_HOME, /usr/local/cuda: lib64, lib, targets/*/lib; JetPack's CUDA is there too)."""
+    if os.environ.get("COVERPRUNER_CUDART"):
+        return [os.environ["COVERPRUNER_CUDART"]]
+    from .native_build import nvidia_dirs  # no import cycle: native_build needs nothing from here
+
+    found: list[Path] = []
+    for nv in nvidia_dirs():
+        found += sorted(nv.glob("*/lib/libcudart.so.*[0-9]"), key=lambda p: p.name, reverse=True)
+    roots = [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
+    for root in roots + [Path("/usr/local/cuda")]:
+        for lib_dir in [root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib"))]:
+            found += sorted(lib_dir.glob("libcudart.so.*[0-9]"), key=lambda p: p.name, reverse=True)
+    paths: dict[Path, str] = {}  # one entry per real file, first place kept
+    for path in found:
+        paths.setdefault(path.resolve(), str(path))
+    return [*_SONAMES, *paths.values()]
 
 
 def cudart() -> ctypes.CDLL:
-    """libcudart, loaded once ($COVERPRUNER_CUDART, then the usual sonames)."""
-    global _LIB
+    """libcudart, loaded once (see cudart_candidates). The first candidate that loads and is not too new for the
+    driver wins (a CUDA 13 runtime from pip beside a CUDA 12 driver answers cudaErrorInsufficientDriver, a CUDA
+    12 runtime from the toolkit works); with none of them usable, the first that loads (device_problem then
+    says why)."""
+    global _LIB, _LIB_PATH
     if _LIB is not None:
         return _LIB
-    names = [os.environ.get("COVERPRUNER_CUDART"), "libcudart.so", "libcudart.so.13", "libcudart.so.12"]
-    errors = []
-    for name in filter(None, names):
+    errors, fallback = [], None
+    for name in cudart_candidates():
         try:
             lib = ctypes.CDLL(name)
-            break
         except OSError as exc:
             errors.append(f"{name}: {exc}")
-    else:
-        raise CudaError("libcudart not found (" + "; ".join(errors) + "); install the CUDA runtime or set "
-                        "COVERPRUNER_CUDART")
+            continue
+        fallback = fallback or (lib, name)
+        count = ctypes.c_int(0)
+        if lib.cudaGetDeviceCount(ctypes.byref(count)) != _INSUFFICIENT_DRIVER:
+            fallback = (lib, name)
+            break
+    if fallback is None:
+        raise CudaError("libcudart not found (tried " + "; ".join(errors) + "); install the CUDA runtime "
+                        "(`pip install nvidia-cuda-runtime`, the CUDA toolkit or JetPack) or set COVERPRUNER_CUDART")
+    lib, _LIB_PATH = fallback
     lib.cudaGetErrorString.restype = ctypes.c_char_p
     lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
     lib.cudaFree.argtypes = [ctypes.c_void_p]
@@ -51,20 +86,61 @@ def cudart() -> ctypes.CDLL:
     return lib
 
 
+def cudart_path() -> str | None:
+    """The file (or soname) libcudart was loaded from; None before cudart() loaded it."""
+    return _LIB_PATH
+
+
+def runtime_version() -> str | None:
+    """"13.0"-style version of the loaded libcudart (cudaRuntimeGetVersion), None when it cannot say."""
+    v = ctypes.c_int(0)
+    if cudart().cudaRuntimeGetVersion(ctypes.byref(v)) != 0 or not v.value:
+        return None
+    return f"{v.value // 1000}.{v.value % 1000 // 10}"
+
+
+def _driver_library() -> str | None:
+    """None when the NVIDIA driver's libcuda.so.1 loads; otherwise the loader's message."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def device_problem() -> str | None:
-    """None when CUDA device 0 is usable through libcudart; otherwise one line naming what is missing
-    (the library, the driver, or a device). Needs no torch: this is what the TensorRT sessions run on."""
+    """None when CUDA device 0 is usable through libcudart; otherwise one line naming what is missing: the
+    runtime library, the driver, or a device. Needs no torch: this is what the TensorRT sessions run on."""
     try:
         lib = cudart()
     except CudaError as exc:
         return str(exc)
     count = ctypes.c_int(0)
     status = lib.cudaGetDeviceCount(ctypes.byref(count))
+    where = f"libcudart {runtime_version() or '?'} ({_LIB_PATH})"
     if status != 0:
-        return f"cudaGetDeviceCount: CUDA error {status} ({lib.cudaGetErrorString(status).decode()})"
+        said = f"{where}: cudaGetDeviceCount: CUDA error {status} ({lib.cudaGetErrorString(status).decode()})"
+        missing = _driver_library()
+        if missing is not None:
+            return f"no CUDA device: the NVIDIA driver is not installed (libcuda.so.1: {missing}); {said}"
+        return f"no usable CUDA device: {said}"
     if count.value < 1:
-        return "cudaGetDeviceCount found no CUDA device"
+        return f"no CUDA device: {where} found none"
     return None
+
+
+def compute_capability() -> str | None:
+    """"major.minor" of CUDA device 0, None without a usable device."""
+    if device_problem() is not None:
+        return None
+    lib = cudart()
+    major, minor = ctypes.c_int(0), ctypes.c_int(0)
+    # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76
+    if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, 0) != 0:
+        return None
+    if lib.cudaDeviceGetAttribute(ctypes.byref(minor), 76, 0) != 0:
+        return None
+    return f"{major.value}.{minor.value}"
 
 
 def check(status: int, what: str) -> None:

@@ -12,6 +12,7 @@ Search order for each piece (first hit wins):
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 import re
 import shutil
@@ -56,7 +57,8 @@ def find_cuda_include() -> Path | None:
     return None
 
 
-def _site_dirs() -> list[Path]:
+def site_dirs() -> list[Path]:
+    """The site-packages directories of this interpreter (where pip's nvidia-* wheels put their libraries)."""
     dirs = [Path(p) for p in sys.path if p.endswith("site-packages")]
     try:
         dirs += [Path(p) for p in site.getsitepackages()]
@@ -70,6 +72,20 @@ def _site_dirs() -> list[Path]:
     return out
 
 
+def nvidia_dirs() -> list[Path]:
+    """The `nvidia` package directories pip's CUDA wheels install into (site-packages/nvidia, and wherever else
+    the `nvidia` namespace package has a part, e.g. a `pip install --target` dir on sys.path)."""
+    out = [sp / "nvidia" for sp in site_dirs() if (sp / "nvidia").is_dir()]
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations or []) if spec is not None else []:
+        if Path(loc).is_dir() and Path(loc) not in out:
+            out.append(Path(loc))
+    return out
+
+
 def find_cublas() -> tuple[Path | None, Path | None]:
     """(directory of cublas_v2.h, libcublas.so* path or None). The library is None when the toolkit's own
     should be linked (CMake's CUDA::cublas finds it)."""
@@ -79,8 +95,8 @@ def find_cublas() -> tuple[Path | None, Path | None]:
     env = os.environ.get("CUBLAS_INCLUDE_DIR")
     if env and (Path(env) / "cublas_v2.h").is_file():
         return Path(env), None
-    for sp in _site_dirs():
-        for inc in sorted(sp.glob("nvidia/cu*/include"), reverse=True) + [sp / "nvidia" / "cublas" / "include"]:
+    for nv in nvidia_dirs():
+        for inc in sorted(nv.glob("cu*/include"), reverse=True) + [nv / "cublas" / "include"]:
             if (inc / "cublas_v2.h").is_file():
                 libs = sorted(inc.parent.glob("lib/libcublas.so*"))
                 return inc, (libs[0] if libs else None)

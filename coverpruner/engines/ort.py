@@ -6,7 +6,10 @@ TensorRT engine loader can replace it behind the same call without touching the 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -25,9 +28,15 @@ _ORT_PROVIDERS = {
 }
 
 _INSTALL_HINT = {
-    "cuda": "onnxruntime-gpu",
+    "cuda": "onnxruntime-gpu (`pip install 'coverpruner[gpu]'`, in place of onnxruntime; on Jetson NVIDIA's wheel: "
+            "docs/tensorrt.md)",
     "tensorrt": "onnxruntime-gpu built with TensorRT and the TensorRT libraries",
 }
+# The shared library ONNX Runtime loads for each GPU provider (onnxruntime/capi/), probed for the loader's reason
+# when a session came up without the provider.
+_PROVIDER_LIBRARY = {"CUDAExecutionProvider": "libonnxruntime_providers_cuda.so",
+                     "TensorrtExecutionProvider": "libonnxruntime_providers_tensorrt.so"}
+_PRELOADED = False
 
 
 class ProviderError(ValueError):
@@ -49,6 +58,49 @@ def ort_providers(provider: str) -> list[str]:
             f"available: {available}"
         )
     return [p for p in wanted if p in available]
+
+
+def preload_gpu_libraries() -> None:
+    """onnxruntime.preload_dlls() once per process (onnxruntime-gpu >= 1.21): loads the CUDA and cuDNN libraries of
+    pip's nvidia-* wheels (what `pip install onnxruntime-gpu[cuda,cudnn]` and torch bring), which are on no loader
+    path, so the CUDA provider finds them. Its notes go to stderr: stdout may carry a command's answer."""
+    global _PRELOADED
+    if _PRELOADED or not hasattr(ort, "preload_dlls"):
+        return
+    _PRELOADED = True
+    with contextlib.redirect_stdout(sys.stderr):
+        try:
+            ort.preload_dlls()
+        except Exception as exc:  # a failed preload only means the loader path must supply the libraries
+            print(f"onnxruntime.preload_dlls: {exc}", file=sys.stderr)
+
+
+def provider_load_problem(ort_provider: str) -> str:
+    """Why ONNX Runtime's library for a GPU provider does not load here: the dynamic loader's own message (which
+    library is missing or mismatched), found by loading it the way ONNX Runtime does."""
+    name = _PROVIDER_LIBRARY.get(ort_provider)
+    if name is None:
+        return "see ONNX Runtime's log above"
+    capi = Path(ort.__file__).parent / "capi"
+    try:
+        ctypes.CDLL(str(capi / "libonnxruntime_providers_shared.so"), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(capi / name))
+    except OSError as exc:
+        return str(exc).strip().splitlines()[0]
+    return f"{name} loads; see ONNX Runtime's log above for why the provider did not start"
+
+
+def check_session_providers(session, provider: str, path: Path) -> None:
+    """ProviderError (one line) when a session asked for a GPU provider runs without it: ONNX Runtime lists
+    CUDAExecutionProvider whenever onnxruntime-gpu is installed, but falls back to the CPU when the provider's
+    library fails to load (CUDA / cuDNN missing or of another major version), and the run would then be CPU-only
+    (with device KV buffers bound to a CPU session)."""
+    wanted = _ORT_PROVIDERS[provider][0]
+    got = session.get_providers()
+    if wanted not in got:
+        raise ProviderError(f"provider {provider!r}: {wanted} is installed but failed to load for {path.name}, the "
+                            f"session would run on {got}: {provider_load_problem(wanted)} (onnxruntime "
+                            f"{ort.__version__}; `coverpruner-doctor` checks the CUDA set-up)")
 
 
 def tensorrt_ep_options(manifest: dict, graph: str, cache_dir: str | os.PathLike) -> dict[str, str]:
@@ -149,11 +201,16 @@ def make_session(
     options = session_options(threads, optimization, spin)
     if not path.is_file():
         raise FileNotFoundError(f"graph file not found: {path}")
+    if provider != "cpu":
+        preload_gpu_libraries()
     try:
-        return ort.InferenceSession(str(path), sess_options=options, providers=providers)
+        session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types with long messages
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RuntimeError(f"cannot load graph {path.name} on provider {provider!r}: {first}") from exc
+    if provider != "cpu":
+        check_session_providers(session, provider, path)
+    return session
 
 
 #: A session factory: (graph name, graph path) -> an object with ORT's InferenceSession API.

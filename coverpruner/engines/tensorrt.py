@@ -20,7 +20,6 @@ The runtime (trt_session.py) refuses an engine built by another TensorRT version
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import importlib
 import shutil
@@ -28,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coverpruner.engine_dir import read_raw, write_manifest
+from coverpruner.engine_dir import PLUGIN_NAMESPACE, PLUGIN_OP, PLUGIN_VERSION, read_raw, write_manifest
 from coverpruner.errors import ManifestError
 from coverpruner.filehash import sha256_file
 from coverpruner.staged_dir import StagedDir
+from coverpruner.engines.cudart import compute_capability, device_problem
 from coverpruner.engines.native_build import preload_cublas
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
@@ -83,24 +83,35 @@ def load_tensorrt(flavour: str | None = None) -> TrtModule:
 
 def detect_compute_capability() -> str | None:
     """"major.minor" of CUDA device 0 via the CUDA runtime (ctypes, no torch); None without a usable GPU."""
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
-        try:
-            rt = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    return compute_capability()
+
+
+def require_device(trt: TrtModule, what: str) -> None:
+    """TensorRT (not TensorRT-RTX, which builds without a GPU) creates no Builder or Runtime without a usable CUDA
+    device: its python factory then fails with "TypeError: ... factory function returned nullptr". Checked first,
+    so the user reads one line saying why instead."""
+    if trt.flavour != "tensorrt":
+        return
+    problem = device_problem()
+    if problem is not None:
+        raise TensorRTBuildError(f"TensorRT {trt.version} needs a usable CUDA GPU to {what}: {problem}")
+
+
+def make(trt: TrtModule, factory: str, logger, what: str):
+    """trt.module.<factory>(logger) (Builder or Runtime) after require_device; a nullptr the device check did not
+    foresee (e.g. out of GPU memory) is the same one line, not pybind11's TypeError."""
+    require_device(trt, what)
+    try:
+        obj = getattr(trt.module, factory)(logger)
+    except TypeError as exc:  # pybind11: "factory function returned nullptr"
+        obj, why = None, str(exc)
     else:
-        return None
-    count = ctypes.c_int(0)
-    if rt.cudaGetDeviceCount(ctypes.byref(count)) != 0 or count.value < 1:
-        return None
-    major, minor = ctypes.c_int(0), ctypes.c_int(0)
-    # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76
-    if rt.cudaDeviceGetAttribute(ctypes.byref(major), 75, 0) != 0:
-        return None
-    if rt.cudaDeviceGetAttribute(ctypes.byref(minor), 76, 0) != 0:
-        return None
-    return f"{major.value}.{minor.value}"
+        why = "it returned None"
+    if obj is None:
+        raise TensorRTBuildError(f"{trt.flavour} {trt.version} could not create its {factory} to {what} ({why}): "
+                                 "CUDA is not usable here (see the TensorRT log above; `coverpruner-doctor` "
+                                 "reports the driver and device)")
+    return obj
 
 
 @dataclass
@@ -192,24 +203,42 @@ def _logger(trt: TrtModule, verbose: bool):
     return mod.Logger(mod.Logger.VERBOSE if verbose else mod.Logger.WARNING)
 
 
-_LOADED_PLUGINS: dict[str, Any] = {}
+#: plugin creator (flavour, name, version, namespace) -> (path, sha256) of the library this process registered
+_LOADED_PLUGINS: dict[tuple[str, str, str, str], tuple[str, str]] = {}
 
 
 def load_plugin_library(trt: TrtModule, path: Path, logger=None) -> None:
-    """Registers libcoverpruner_trt_plugin.so with TensorRT's plugin registry (once per process)."""
-    key = str(Path(path).resolve())
-    if key in _LOADED_PLUGINS:
-        return
-    if not Path(path).is_file():
+    """Registers libcoverpruner_trt_plugin.so's CoverageSelector creator with TensorRT's plugin registry, once per
+    process: TensorRT's loadLibrary fails (returns nullptr) when one of a library's creators is already registered
+    (NvInferRuntimeCommon.h, 10.0 to 11.1), and a build loads the build dir's copy while the sessions then open the
+    engine dir's. So the registry is asked first: a creator already there (loaded by this function, by ONNX
+    Runtime's TensorRT provider, or by the user) is used as it is. One file per creator: a second, different
+    library for the same creator is refused (the registry would keep running the first)."""
+    path = Path(path)
+    if not path.is_file():
         raise TensorRTBuildError(f"plugin library {path} does not exist")
-    if logger is not None:
-        trt.module.Builder(logger)  # a live logger first, so the registry reports load errors
-    preload_cublas()
-    handle = trt.module.get_plugin_registry().load_library(key)
-    if handle is None:
-        raise TensorRTBuildError(f"TensorRT could not load the plugin library {path} (see the TensorRT log: "
-                                 "it must export getCreators and setLoggerFinder)")
-    _LOADED_PLUGINS[key] = handle
+    key = (trt.flavour, PLUGIN_OP, PLUGIN_VERSION, PLUGIN_NAMESPACE)
+    digest = sha256_file(path)
+    if key in _LOADED_PLUGINS:
+        first, first_digest = _LOADED_PLUGINS[key]
+        if first_digest != digest:
+            raise TensorRTBuildError(f"plugin {PLUGIN_OP} version {PLUGIN_VERSION} is already registered in this "
+                                     f"process from {first}; {path} is a different library (sha256 differs) and "
+                                     "TensorRT keeps one creator per name: run it in a new process")
+        return
+    registry = trt.module.get_plugin_registry()
+    if registry.get_creator(PLUGIN_OP, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
+        if logger is not None:
+            make(trt, "Builder", logger, "load the plugin")  # a live logger first: the registry logs load errors
+        preload_cublas()
+        if registry.load_library(str(path.resolve())) is None:
+            raise TensorRTBuildError(f"{trt.flavour} {trt.version} could not load the plugin library {path} (see the "
+                                     "TensorRT log above: it must export getCreators and setLoggerFinder, and "
+                                     "libcublas must resolve)")
+        if registry.get_creator(PLUGIN_OP, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None:
+            raise TensorRTBuildError(f"{path} loaded but registered no {PLUGIN_OP} version {PLUGIN_VERSION} creator "
+                                     f"(namespace {PLUGIN_NAMESPACE!r}): not a CoverPruner plugin of this version")
+    _LOADED_PLUGINS[key] = (str(path), digest)
 
 
 def _has_qdq(onnx_path: Path) -> bool:
@@ -219,6 +248,13 @@ def _has_qdq(onnx_path: Path) -> bool:
     return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
 
 
+def strongly_typed(trt: TrtModule) -> bool:
+    """True where the network's own dtypes are the precision: TensorRT-RTX, and TensorRT >= 11, whose BuilderFlag
+    has no FP16 / BF16 / INT8 (NetworkDefinitionCreationFlag.STRONGLY_TYPED is deprecated there and always on).
+    TensorRT 10 builds weakly typed networks and takes the flags."""
+    return trt.flavour == "tensorrt_rtx" or not hasattr(trt.module.BuilderFlag, "FP16")
+
+
 def _configure_precision(trt: TrtModule, config, graph: str, onnx_path: Path, precision: str,
                          graph_precision: str) -> None:
     mod = trt.module
@@ -226,13 +262,12 @@ def _configure_precision(trt: TrtModule, config, graph: str, onnx_path: Path, pr
         raise TensorRTBuildError(
             f"graph {graph!r}: --precision int8 needs a Q/DQ-quantized graph (QuantizeLinear/DequantizeLinear "
             "nodes); implicit INT8 calibration is not supported")
-    if trt.flavour == "tensorrt_rtx":
-        # TensorRT-RTX networks are strongly typed: the graph's own dtypes are the precision.
+    if strongly_typed(trt):
         if precision in ("fp16", "bf16") and graph_precision != precision:
             raise TensorRTBuildError(
-                f"graph {graph!r}: TensorRT-RTX builds strongly typed networks, so --precision {precision} needs "
-                f"a graph exported as {precision} (this directory is {graph_precision}); re-export with "
-                f"--dtype {precision}")
+                f"graph {graph!r}: {trt.flavour} {trt.version} builds strongly typed networks (the graph's own "
+                f"dtypes are the precision), so --precision {precision} needs a graph exported as {precision} (this "
+                f"directory is {graph_precision}); re-export with --dtype {precision}")
         return
     flag = {"fp16": "FP16", "bf16": "BF16", "int8": "INT8"}.get(precision)
     if flag is not None:
@@ -245,7 +280,7 @@ def build_engine(trt: TrtModule, onnx_path: Path, graph: str, graph_spec: dict, 
     """Parses one ONNX graph and builds its engine. Returns (serialized engine, profile record)."""
     mod = trt.module
     logger = _logger(trt, verbose)
-    builder = mod.Builder(logger)
+    builder = make(trt, "Builder", logger, f"build the {graph!r} engine")
     network = builder.create_network(0)
     parser = mod.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
@@ -313,6 +348,7 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
     engine_dir = Path(engine_dir)
     manifest = _read_manifest(engine_dir)
     trt = trt or load_tensorrt()
+    require_device(trt, "build engines")  # before anything is parsed or staged
     graph_precision = manifest["precision"]
     precision = options.precision or graph_precision
     graphs = options.graphs or tuple(manifest["graphs"])

@@ -31,6 +31,7 @@ from .tensorrt import (
     detect_compute_capability,
     load_plugin_library,
     load_tensorrt,
+    make,
 )
 
 
@@ -86,7 +87,7 @@ class TrtSession:
         self._logger = mod.Logger(mod.Logger.VERBOSE if verbose else mod.Logger.WARNING)
         if plugin is not None:
             load_plugin_library(self.trt, Path(plugin), self._logger)
-        self._runtime = mod.Runtime(self._logger)
+        self._runtime = make(self.trt, "Runtime", self._logger, f"run {self.path.name}")
         self.engine = self._runtime.deserialize_cuda_engine(blob)
         if self.engine is None:
             raise EngineMismatchError(f"{self.path}: TensorRT could not deserialize the engine (built by another "

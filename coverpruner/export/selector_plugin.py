@@ -19,14 +19,10 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
+from coverpruner.engine_dir import PLUGIN_NAMESPACE, PLUGIN_OP, PLUGIN_VERSION  # noqa: F401 (re-exported)
 from coverpruner.export.selector_io import selector_inputs, selector_outputs
 
-# Must equal kPluginName / kPluginVersion / kPluginNamespace / kOnnxDomain in selector_plugin_core.h
-# (tests/engines/test_selector_plugin_model.py reads the header and compares).
-PLUGIN_OP = "CoverageSelector"
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = ""
-# The domain ONNX Runtime's TensorRT provider registers for plugins loaded through trt_extra_plugin_lib_paths;
+# Must equal kOnnxDomain in selector_plugin_core.h. The domain ONNX Runtime's TensorRT provider registers for plugins loaded through trt_extra_plugin_lib_paths;
 # TensorRT's own ONNX parser looks plugins up by op type, version and namespace attributes.
 PLUGIN_DOMAIN = "trt.plugins"
 DEFAULT_OPT_BUDGET = 64

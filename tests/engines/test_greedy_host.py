@@ -23,11 +23,21 @@ from ..literal_selection import assert_same_or_not_worse, literal_greedy, near_t
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not found on PATH")
 
 
-@pytest.fixture(scope="module")
-def harness(tmp_path_factory):
-    lib = tmp_path_factory.mktemp("greedy_host") / "libgreedy_host.so"
+def build_harness(out_dir, mutations: tuple[tuple[str, str], ...] = ()):
+    """The host harness (greedy_host_harness.cpp + kernels/greedy_core.cuh) built by g++ into out_dir; mutations:
+    (old text -> new text) patches of greedy_core.cuh, each old text occurring exactly once (the mutant tests).
+    Returns run(a32, relevance, budget, tau, threads=1) -> kept indices."""
+    header = (CSRC_DIR / "kernels" / "greedy_core.cuh").read_text()
+    for old, new in mutations:
+        assert header.count(old) == 1, f"mutation target occurs {header.count(old)} times: {old!r}"
+        header = header.replace(old, new)
+    (out_dir / "kernels").mkdir(parents=True)
+    (out_dir / "tests").mkdir()
+    (out_dir / "kernels" / "greedy_core.cuh").write_text(header)
+    shutil.copy(CSRC_DIR / "tests" / "greedy_host_harness.cpp", out_dir / "tests")
+    lib = out_dir / "libgreedy_host.so"
     cmd = ["g++", "-std=c++20", "-O2", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-pthread",
-           str(CSRC_DIR / "tests" / "greedy_host_harness.cpp"), "-o", str(lib)]
+           str(out_dir / "tests" / "greedy_host_harness.cpp"), "-o", str(lib)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     so = ctypes.CDLL(str(lib))
@@ -48,6 +58,11 @@ def harness(tmp_path_factory):
         return keep[:m]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory):
+    return build_harness(tmp_path_factory.mktemp("greedy_host"))
 
 
 def gpu_utilities(features: np.ndarray) -> np.ndarray:
@@ -141,3 +156,50 @@ def test_multithread_block_gives_the_same_indices(harness, kind, threads):
         one = harness(a32, r, budget, tau)
         np.testing.assert_array_equal(harness(a32, r, budget, tau, threads=threads), one)
         assert_same_or_not_worse(one, v, r, budget, tau)
+
+
+# --- the exact re-check of the candidates, and mutants of it ------------------------------------------------------
+def ulp_near_tie(n: int = 64, seed: int = 3):
+    """Utilities [n, n] float32 where columns 9 and 5 are the two best first picks and differ in one entry by one
+    float32 ulp: column 9's exact gain exceeds column 5's by ~6e-8 (far outside the float64 tie window, ~1e-12),
+    while every float32 sum of them (the kernel's running gains) is the same float. Only the exact float64
+    re-check of the candidates tells them apart; without it the tie rule hands the pick to the lower index 5."""
+    rng = np.random.default_rng(seed)
+    a = (0.5 * rng.random((n, n))).astype(np.float32)
+    a[:, 5] = (0.9 + 0.05 * rng.random(n)).astype(np.float32)
+    a[:, 9] = a[:, 5]
+    a[n - 1, 9] = np.nextafter(a[n - 1, 5], np.float32(1))  # last term: absorbed by the float32 partial sum
+    f32 = [np.cumsum(a[:, k], dtype=np.float32)[-1] for k in (5, 9)]
+    assert f32[0] == f32[1], "construction: the float32 sums of columns 5 and 9 must be equal"
+    exact = a[:, 9].astype(np.float64).sum() - a[:, 5].astype(np.float64).sum()
+    assert exact > 1e-8, exact
+    return a
+
+
+def test_an_ulp_near_tie_is_decided_by_the_exact_recheck(harness):
+    a = ulp_near_tie()
+    want = np.sort(literal_greedy(a.astype(np.float64), np.ones(len(a)), 4))
+    assert 9 in want and 5 not in want
+    np.testing.assert_array_equal(harness(a, None, 4, 0.3), want)
+    np.testing.assert_array_equal(harness(a, None, 4, 0.3, threads=3), want)
+
+
+# Each breaks the re-check of the candidates that the float32 scan admits; the near-tie above catches each.
+RECHECK_MUTANTS = {
+    # the candidates' gains re-summed in float32 instead of float64
+    "recheck_in_float32": (("            double part = 0.0;\n", "            float part = 0.f;\n"),
+                           ("                const double excess = static_cast<double>(p.A[static_cast<size_t>(i) * n "
+                            "+ k]) - p.c[i];",
+                            "                const float excess = p.A[static_cast<size_t>(i) * n + k] - p.c[i];")),
+    # no re-sum: the pick is made on the running float32 gains
+    "recheck_skipped": (("                p.fresh[k] = fresh;\n",
+                         "                p.fresh[k] = static_cast<double>(p.gain[k]) + 0.0 * fresh;\n"),),
+}
+
+
+@pytest.mark.parametrize("name", list(RECHECK_MUTANTS))
+def test_each_recheck_mutant_is_caught(tmp_path, name):
+    mutant = build_harness(tmp_path, RECHECK_MUTANTS[name])
+    a = ulp_near_tie()
+    assert literal_greedy(a.astype(np.float64), np.ones(len(a)), 1).tolist() == [9]
+    assert mutant(a, None, 1, 0.3).tolist() == [5], f"mutant {name} was not caught"

@@ -48,9 +48,19 @@ def test_pipeline_hands_the_options_to_the_tensorrt_ep(tiny_export, monkeypatch)
     created = {}
     real = ort.InferenceSession
 
+    class Running:  # a CPU session that reports the providers it was asked for, as a GPU machine's would
+        def __init__(self, session, providers):
+            self._session, self._providers = session, [p[0] if isinstance(p, tuple) else p for p in providers]
+
+        def get_providers(self):
+            return self._providers
+
+        def __getattr__(self, name):
+            return getattr(self._session, name)
+
     def fake_session(path, sess_options=None, providers=None):
         created[path.rsplit("/", 1)[-1]] = providers
-        return real(path, sess_options=sess_options, providers=["CPUExecutionProvider"])
+        return Running(real(path, sess_options=sess_options, providers=["CPUExecutionProvider"]), providers)
 
     monkeypatch.setattr(ort_factory.ort, "get_available_providers",
                         lambda: ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"])

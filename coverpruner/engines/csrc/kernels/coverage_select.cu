@@ -206,7 +206,7 @@ __device__ int block_rank(bool flag, int* warp_counts /* [33] shared */, int* to
     return rank;
 }
 
-// Block-wide reduction with a binary op (fmax for doubles, min for ints); every thread gets the result.
+// Block-wide reduction with a binary op (fmax for floats and doubles, min for ints); every thread gets the result.
 // scratch: one slot per warp in shared memory (>= 32).
 template <typename T, typename Op>
 __device__ T block_reduce(T v, T* scratch, Op op)
@@ -232,6 +232,7 @@ __device__ T block_reduce(T v, T* scratch, Op op)
 struct MaxOp
 {
     __device__ double operator()(double a, double b) const { return fmax(a, b); }
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 struct PlusOp
 {
@@ -263,6 +264,7 @@ struct DeviceBlock
     __device__ void min_max(float& lo, float& hi) { block_min_max(lo, hi, f_lo, f_hi); }
     __device__ double sum_d(double v) { return block_reduce(v, d, PlusOp{}); }
     __device__ double max(double v) { return block_reduce(v, d, MaxOp{}); }
+    __device__ float max(float v) { return block_reduce(v, f_hi, MaxOp{}); }
     __device__ int min_int(int v) { return block_reduce(v, i, MinOp{}); }
     __device__ int rank(bool flag, int* total) { return block_rank(flag, warp_counts, total); }
 };

@@ -3,7 +3,8 @@
 // Every function here takes a "block" object that provides the cooperative primitives:
 //   tid(), size()              this thread's index and the number of threads
 //   sync()                     barrier (also makes global-memory writes visible)
-//   sum(float) / sum_d(double) / max(double) / min_int(int) / min_max(float&, float&)   block-wide reductions
+//   sum(float) / sum_d(double) / max(float) / max(double) / min_int(int) / min_max(float&, float&)
+//                              block-wide reductions
 //                              (sum_d folds in a fixed order: the same result on every run)
 //   rank(bool flag, int* total) stable compaction rank of a flagged thread among this chunk's flags
 // coverage_select.cu instantiates it with a CUDA block (shared memory, warp shuffles, ballots);
@@ -164,21 +165,31 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
 
     for (int step = 0; step < m; ++step)
     {
-        // lo: the largest lower bound of an unselected gain (<= the exact best); hi: the largest upper bound
-        double lo = -DBL_MAX, hi = -DBL_MAX;
+        // lo: the largest lower bound of an unselected gain (<= the exact best); hi: the largest upper bound.
+        // This scan visits all n columns every step, so it runs in float32 (float64 runs at 1/64 of the float32
+        // rate on Jetson Orin); only its threshold below is widened for that, and only the candidates it admits
+        // are re-summed exactly.
+        float lo = -FLT_MAX, hi = -FLT_MAX;
         for (int k = tid; k < n; k += nthreads)
             if (!p.sel[k])
             {
-                lo = fmax(lo, static_cast<double>(p.gain[k]) - p.err[k]);
-                hi = fmax(hi, static_cast<double>(p.gain[k]) + p.err[k]);
+                lo = fmaxf(lo, p.gain[k] - p.err[k]);
+                hi = fmaxf(hi, p.gain[k] + p.err[k]);
             }
         lo = blk.max(lo);
         hi = blk.max(hi);
         // A column whose upper bound stays below lo - W is below the exact best by more than W. W covers the
         // tie window at an upper bound of the best, (n + 1) eps hi + atol, plus the rounding of the two fresh
         // sums (this kernel's and the reference's) that the window is applied to: 4 (n + 1) eps hi + 2 atol.
-        // A wider W only re-sums more candidates; it never changes a pick.
-        const double cand_threshold = lo - (4.0 * (n + 1.0) * DBL_EPSILON * fabs(hi) + 2.0 * atol);
+        // The scan's own float32 roundings are covered as well. Rounding is monotone: the float lo is the exact
+        // max(g - e) rounded (off by <= u32 |lo|), and a column whose exact g + e reaches a float threshold T
+        // still does after rounding. T = lo - X with X = 2 W + 8 eps32 M (M = max(|lo|, |hi|), eps32 = 2 u32)
+        // stays below the exact max(g - e) - W: the roundings of lo, X and lo - X raise T by at most
+        // 2 u32 M + u32 X + O(u32^2 M), well inside the W + 16 u32 M of extra room.
+        // A wider window only re-sums more candidates; it never changes a pick.
+        const double window = 4.0 * (n + 1.0) * DBL_EPSILON * fabs(static_cast<double>(hi)) + 2.0 * atol;
+        const float scale = fmaxf(fabsf(lo), fabsf(hi));
+        const float cand_threshold = lo - static_cast<float>(2.0 * window + 8.0 * kEps32 * scale);
 
         // Candidates (listed in chg_row, free until the rising rows are listed below): exact double sums
         // sum_i w_i max(0, A_ik - c_i), summed by the whole block in a fixed order.
@@ -186,8 +197,7 @@ CP_HD void select(Block& blk, ProblemView const& p, int n, int m, int64_t* keep)
         for (int start = 0; start < n; start += nthreads)
         {
             const int k = start + tid;
-            const bool cand
-                = k < n && !p.sel[k] && static_cast<double>(p.gain[k]) + p.err[k] >= cand_threshold;
+            const bool cand = k < n && !p.sel[k] && p.gain[k] + p.err[k] >= cand_threshold;
             int chunk_total = 0;
             const int rank = blk.rank(cand, &chunk_total);
             if (cand)

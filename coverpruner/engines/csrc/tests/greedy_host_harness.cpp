@@ -22,6 +22,7 @@ struct HostBlock
     double sum_d(double v) { return v; }
     void min_max(float&, float&) {}
     double max(double v) { return v; }
+    float max(float v) { return v; }
     int min_int(int v) { return v; }
     int rank(bool flag, int* total)
     {
@@ -91,6 +92,15 @@ struct ThreadBlock
         sync();
         for (double x : sh->d)
             v = fmax(v, x);
+        sync();
+        return v;
+    }
+    float max(float v)
+    {
+        sh->f[t] = v;
+        sync();
+        for (float x : sh->f)
+            v = fmaxf(v, x);
         sync();
         return v;
     }
