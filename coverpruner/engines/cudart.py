@@ -122,7 +122,7 @@ def device_problem() -> str | None:
         said = f"{where}: cudaGetDeviceCount: CUDA error {status} ({lib.cudaGetErrorString(status).decode()})"
         missing = _driver_library()
         if missing is not None:
-            return f"no CUDA device: the NVIDIA driver is not installed (libcuda.so.1: {missing}); {said}"
+            return f"no CUDA device: the NVIDIA driver is not installed ({missing}); {said}"
         return f"no usable CUDA device: {said}"
     if count.value < 1:
         return f"no CUDA device: {where} found none"

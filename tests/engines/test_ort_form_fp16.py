@@ -15,6 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from coverpruner.doctor import NEAR_TIE_NATS, answer_steps, compare_answers
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.runtime import OptionError, Pipeline
 
@@ -127,9 +128,13 @@ def test_cuda_provider_batched_answers_equal_batch_1_and_the_cpu_tokens(ort_fp16
     cpu = Pipeline.load(ort_fp16_export, threads=1)
     assert gpu.decoder.device == "cuda"
     jobs = [dict(image=demo_image, **j) for j in JOBS]
-    alone = [gpu.generate(**j) for j in jobs]
-    batched = gpu.batch_generate(jobs, max_batch=2, capacity=256)
-    assert [r.token_ids for r in batched] == [r.token_ids for r in alone]
-    assert [r.token_ids for r in alone] == [cpu.generate(**j).token_ids for j in jobs]
+    # greedy tokens may flip only at a near-tie of the reference (fp16 on another device, or another batch shape):
+    # doctor.compare_answers accepts those within NEAR_TIE_NATS["fp16"] and reports the margin
+    alone = answer_steps(gpu, jobs)
+    flips = [compare_answers(a, b, NEAR_TIE_NATS["fp16"], f"job {i}: batched vs alone")
+             for i, (a, b) in enumerate(zip(alone, answer_steps(gpu, jobs, max_batch=2, capacity=256)))]
+    flips += [compare_answers(c, g, NEAR_TIE_NATS["fp16"], f"job {i}: CUDA vs CPU provider")
+              for i, (c, g) in enumerate(zip(answer_steps(cpu, jobs), alone))]
+    print("near-ties:", [f for f in flips if f] or "none")
     again = gpu.generate(**jobs[0])  # the prefix cache restores the device KV from its host snapshot
-    assert again.token_ids == alone[0].token_ids
+    assert again.token_ids == [x.token for x in alone[0]]

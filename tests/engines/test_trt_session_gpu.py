@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from coverpruner.doctor import NEAR_TIE_NATS, answer_steps, compare_answers
 from coverpruner.engines.tensorrt import BuildOptions, TensorRTBuildError, build_engine_dir, load_tensorrt
 
 from ..literal_selection import assert_same_or_not_worse
@@ -171,13 +172,17 @@ def test_pipeline_on_engines_answers_like_onnxruntime(built_dir, trt_module):
     from coverpruner.runtime import Pipeline
 
     image = (np.random.default_rng(3).random((200, 240, 3)) * 255).astype(np.uint8)
-    want = Pipeline.load(built_dir, provider="cpu").generate(image, "What is shown?", budget=16,
-                                                             max_new_tokens=8, ignore_eos=True)
+    job = dict(image=image, prompt="What is shown?", budget=16, max_new_tokens=8, ignore_eos=True)
+    cpu = Pipeline.load(built_dir, provider="cpu")
+    want = cpu.generate(**job)
+    (want_steps,) = answer_steps(cpu, [job])
     for pipe in (Pipeline.load(built_dir, provider="tensorrt"),
                  Pipeline.load(built_dir, provider="tensorrt", session_factory=TrtSessionFactory(built_dir))):
-        got = pipe.generate(image, "What is shown?", budget=16, max_new_tokens=8, ignore_eos=True)
+        got = pipe.generate(**job)
         np.testing.assert_array_equal(got.kept_indices, want.kept_indices)
-        assert got.token_ids == want.token_ids
+        # fp32 on both sides; a greedy token may flip only at a near-tie of the reference (margin reported)
+        (got_steps,) = answer_steps(pipe, [job])
+        print(compare_answers(want_steps, got_steps, NEAR_TIE_NATS["fp32"], "TensorRT vs ORT CPU") or "same tokens")
 
 
 def test_decoder_snapshot_restore_continues_like_the_uninterrupted_run(built_dir, trt_module):
