@@ -22,7 +22,8 @@ class CudaError(RuntimeError):
 _LIB: ctypes.CDLL | None = None
 _LIB_PATH: str | None = None
 _INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver: this libcudart is newer than the driver (or no driver)
-_SONAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12")
+SONAMES = ("libcudart.so", "libcudart.so.13", "libcudart.so.12")
+TOOLKIT_ROOTS = (Path("/usr/local/cuda"),)  # after $CUDA_HOME; JetPack installs CUDA there too
 
 
 def cudart_candidates() -> list[str]:
@@ -39,13 +40,13 @@ def cudart_candidates() -> list[str]:
     for nv in nvidia_dirs():
         found += sorted(nv.glob("*/lib/libcudart.so.*[0-9]"), key=lambda p: p.name, reverse=True)
     roots = [Path(os.environ["CUDA_HOME"])] if os.environ.get("CUDA_HOME") else []
-    for root in roots + [Path("/usr/local/cuda")]:
+    for root in [*roots, *TOOLKIT_ROOTS]:
         for lib_dir in [root / "lib64", root / "lib", *sorted(root.glob("targets/*/lib"))]:
             found += sorted(lib_dir.glob("libcudart.so.*[0-9]"), key=lambda p: p.name, reverse=True)
     paths: dict[Path, str] = {}  # one entry per real file, first place kept
     for path in found:
         paths.setdefault(path.resolve(), str(path))
-    return [*_SONAMES, *paths.values()]
+    return [*SONAMES, *paths.values()]
 
 
 def cudart() -> ctypes.CDLL:
