@@ -50,18 +50,16 @@ def driver_release(libraries=NVML_LIBRARIES, proc_version: Path = PROC_VERSION,
         return f"{nvml_driver_version(libraries)} (NVML)"
     except (OSError, RuntimeError, AttributeError) as exc:
         why = [f"NVML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
-    try:
-        match = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", proc_version.read_text())
+    for path, pattern, release in (
+            (proc_version, r"Kernel Module\s+(?:for\s+\S+\s+)?([0-9][0-9.]+)", lambda m: m.group(1)),
+            (tegra_release, r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)",
+             lambda m: f"L4T R{m.group(1)}.{m.group(2)}")):
+        try:
+            match = re.search(pattern, path.read_text())
+        except OSError as exc:
+            why.append(f"{path}: {exc.strerror or exc}")
+            continue
         if match:
-            return f"{match.group(1)} ({proc_version})"
-        why.append(f"{proc_version}: no version in it")
-    except OSError as exc:
-        why.append(f"{proc_version}: {exc.strerror or exc}")
-    try:
-        match = re.search(r"R(\d+)\s*\(release\),\s*REVISION:\s*([0-9.]+)", tegra_release.read_text())
-        if match:
-            return f"L4T R{match.group(1)}.{match.group(2)} ({tegra_release})"
-        why.append(f"{tegra_release}: no release in it")
-    except OSError as exc:
-        why.append(f"{tegra_release}: {exc.strerror or exc}")
+            return f"{release(match)} ({path})"
+        why.append(f"{path}: no release in it")
     return "unknown (" + "; ".join(why) + ")"

@@ -284,11 +284,11 @@ def test_driver_release_from_nvml_then_proc_then_l4t(tmp_path):
     none = tmp_path / "absent"
     assert driver_release((libs["ok"],), none, none) == "580.65.06 (NVML)"
     proc = tmp_path / "version"
-    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  (dvs-builder@U16"
-                    "-I3-B03-4-3)  Fri Mar 14 20:00:03 UTC 2025\nGCC version:  gcc version 12.3.0\n")
+    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20  Release Build  "
+                    "(dvs-builder@U16-I3-B03-4-3)  Fri Mar 14 20:00:03 UTC 2025\nGCC version:  gcc version 12.3.0\n")
     assert driver_release((libs["not_loaded"],), proc, none) == f"570.133.20 ({proc})"
     tegra = tmp_path / "nv_tegra_release"
-    tegra.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan  8\n")
+    tegra.write_text("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic, EABI: aarch64, DATE: Wed Jan 8\n")
     assert driver_release((none,), none, tegra) == f"L4T R36.4.3 ({tegra})"
     unknown = driver_release((libs["not_loaded"],), none, none)
     assert unknown.startswith("unknown (NVML: nvmlInit_v2: Driver Not Loaded (9)"), unknown

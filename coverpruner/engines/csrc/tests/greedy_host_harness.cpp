@@ -5,6 +5,7 @@
 #include "../kernels/greedy_core.cuh"
 
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -86,24 +87,19 @@ struct ThreadBlock
         }
         sync();
     }
-    double max(double v)
+    // fmax as on the GPU: a NaN slot is ignored
+    template <class T>
+    T fold_max(std::vector<T>& slots, T v)
     {
-        sh->d[t] = v;
+        slots[t] = v;
         sync();
-        for (double x : sh->d)
-            v = fmax(v, x);
+        for (T x : slots)
+            v = std::fmax(v, x);
         sync();
         return v;
     }
-    float max(float v)
-    {
-        sh->f[t] = v;
-        sync();
-        for (float x : sh->f)
-            v = fmaxf(v, x);
-        sync();
-        return v;
-    }
+    double max(double v) { return fold_max(sh->d, v); }
+    float max(float v) { return fold_max(sh->f, v); }
     int min_int(int v)
     {
         sh->i[t] = v;
