@@ -348,7 +348,6 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
     engine_dir = Path(engine_dir)
     manifest = _read_manifest(engine_dir)
     trt = trt or load_tensorrt()
-    require_device(trt, "build engines")  # before anything is parsed or staged
     graph_precision = manifest["precision"]
     precision = options.precision or graph_precision
     graphs = options.graphs or tuple(manifest["graphs"])
@@ -375,6 +374,7 @@ def build_engine_dir(engine_dir: str | Path, options: BuildOptions, trt: TrtModu
         raise TensorRTBuildError("the plugin-form selector cannot be built with TensorRT-RTX on a machine "
                                  "without a GPU (its parser aborts the process); build it on the target GPU, "
                                  "or export --selector loop")
+    require_device(trt, "build engines")  # after the manifest's own refusals, before any Builder or staging
     # engines, plugin and manifest go into a staging dir beside DIR, the graphs and other files are hard-linked
     # in, and the stage replaces DIR only when complete (coverpruner.staged_dir): a failed or killed build
     # leaves DIR and its previous engines as they were
