@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coverpruner.integers import ascii_int, brief
 from coverpruner.families.contract import GridPanel, ImageSpan, RequestOption, VisionInputs
 from coverpruner.families.hf import HFFamily, HFRuntime
 from coverpruner.families.qwen_vl import decode_position, pruned_positions
@@ -21,12 +22,12 @@ VIDEO_TOKEN = "<|video_pad|>"
 
 
 def int_at_least(value, name: str, minimum: int, what: str = "") -> int:
-    """An int (or digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>, got ..."."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}")
-    return int(value)
+    """An int (or its ASCII digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>,
+    got ..."."""
+    number = ascii_int(value) if isinstance(value, str) else value
+    if not isinstance(number, (int, np.integer)) or isinstance(number, bool) or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {brief(value)}")
+    return int(number)
 
 
 def parse_video_window(value):

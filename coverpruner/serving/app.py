@@ -27,6 +27,7 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from coverpruner.integers import ascii_int
 from coverpruner.runtime import Pipeline
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
@@ -298,8 +299,8 @@ def _bound_video_frames(options: dict, state: ServerState) -> None:
         return
     bound = state.config.max_video_frames or state.options["max_video_frames"]
     asked = options.get("max_video_frames")
-    if isinstance(asked, str) and asked.strip().isdigit():  # the family's parser takes "64" as 64
-        asked = int(asked)
+    if isinstance(asked, str) and ascii_int(asked) is not None:  # the family's parser takes "64" as 64
+        asked = ascii_int(asked)
     if asked is None:
         options["max_video_frames"] = bound
     elif isinstance(asked, int) and not isinstance(asked, bool) and asked > bound:  # malformed: the family says
@@ -362,9 +363,11 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
     sending gets the 413 rather than a reset; above that at once."""
     too_large = APIError(413, f"request body exceeds {limit} bytes", None, "request_too_large")
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > _DRAIN_LIMIT_BYTES):
-        raise too_large
-    over = length is not None and int(length) > limit
+    if length is not None:
+        length = ascii_int(length)
+        if length is None or length > _DRAIN_LIMIT_BYTES:
+            raise too_large
+    over = length is not None and length > limit
     deadline = asyncio.get_running_loop().time() + timeout_s
     chunks, size = [], 0
     stream = request.stream().__aiter__()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coverpruner.integers import ascii_int, brief
 from coverpruner.families.contract import ExportSpec, RequestOption
 from coverpruner.families.hf import chat_layout, text_dims
 from coverpruner.families.qwen_vl import QwenImageSettings
@@ -33,10 +34,10 @@ def parse_image_size(value):
     """'WxH' or (W, H) -> (W, H) ints; ValueError (one line) otherwise. Whether the processor's rules allow the
     size is checked with the checkpoint's limits when the image is prepared."""
     if isinstance(value, str):
-        parts = value.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"image_size must be WIDTHxHEIGHT in pixels (e.g. 1008x1008), got {value!r}")
-        return int(parts[0]), int(parts[1])
+        sides = [ascii_int(p) for p in value.lower().split("x")]
+        if len(sides) != 2 or None in sides:
+            raise ValueError(f"image_size must be WIDTHxHEIGHT in pixels (e.g. 1008x1008), got {brief(value)}")
+        return sides[0], sides[1]
     try:
         w, h = value
     except (TypeError, ValueError):
