@@ -10,13 +10,13 @@ pages they hold are file-backed and reclaimable anyway.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
@@ -25,7 +25,7 @@ from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
                                      save_proto)
 from coverpruner.families import family_for_model_type
-from coverpruner.progress import ticking
+from coverpruner.progress import stage_bar, ticking
 from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
@@ -298,18 +298,34 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     return ExportResult(output, manifest, seconds)
 
 
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool):
+    """transformers' "Loading weights" bar on or off for the body (off: it would redraw into a log), restored
+    after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: dict | None, source_model: str,
                  opts: ExportOptions) -> tuple[dict, dict]:
     """Write the graphs, family and support files into ``stage.path`` and carry over what is kept from the
     previous dir -> (manifest dict without option defaults, seconds per step)."""
     output = stage.path
     order = [g for g in GRAPHS if g in opts.graphs]
-    bar = tqdm(total=len(order) + 2, desc="export", unit="stage", disable=not opts.progress)
+    bar = stage_bar(len(order) + 2, "export", enabled=opts.progress)  # a line per stage in a log
     seconds: dict[str, float] = {}
 
     bar.set_description("export: load model")
     t0 = time.perf_counter()
-    with ticking(bar):
+    with ticking(bar), _hf_progress_bars(not bar.disable):  # transformers' own bar only where ours is a bar
         model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - WEIGHTLESS_GRAPHS else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()
