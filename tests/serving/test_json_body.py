@@ -1,5 +1,5 @@
 """serving/json_body.loads == json.loads: same values, same errors, on both of its paths (one json.loads call for a
-body of few containers, the walk in short C calls above FAST_CONTAINERS). The reference is the standard library's
+body of few containers, the walk in short C calls above FAST_VALUES). The reference is the standard library's
 json.loads itself, on the same bytes."""
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ def _outcome(fn, raw: bytes):
 @pytest.mark.parametrize("text", CASES)
 def test_same_value_or_error_as_json_loads(text, walk, monkeypatch):
     if walk:
-        monkeypatch.setattr(json_body, "FAST_CONTAINERS", -1)
+        monkeypatch.setattr(json_body, "FAST_VALUES", -1)
     raw = text.encode("utf-8", "surrogatepass")
     assert _outcome(json_body.loads, raw) == _outcome(json.loads, raw)
 
 
 def test_a_body_of_many_parts_takes_the_walk_and_equals_json_loads(monkeypatch):
     raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] *
-                                                  (json_body.FAST_CONTAINERS + 1)}]}).encode()
+                                                  (json_body.FAST_VALUES + 1)}]}).encode()
     calls = []
     monkeypatch.setattr(json_body, "_object", lambda *a, _f=json_body._object: calls.append(1) or _f(*a))
     assert json_body.loads(raw) == json.loads(raw)
