@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingModelError, QuantizeError, UsageError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
+    from coverpruner.export.checkpoint_checks import CheckpointError
     from coverpruner.export.exporter import OptionValueError, TargetError, export_model
     from coverpruner.export.onnx_io import ExportError
 
@@ -159,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                          family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)
-    except (OptionValueError, TargetError) as exc:  # bad input, nothing written
+    except (OptionValueError, TargetError, CheckpointError) as exc:  # bad input, nothing written
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
     except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 1
+    for note in result.notes:
+        print(f"coverpruner-export: note: {note}", file=sys.stderr)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     print(f"wrote {', '.join(result.manifest['graphs'])} to {result.output} ({timing})")
     if quant is not None:

@@ -11,6 +11,7 @@ pages they hold are file-backed and reclaimable anyway.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import shutil
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
+from coverpruner.export.checkpoint_checks import check_dims, resolve_decoder_form
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
@@ -49,7 +51,7 @@ class ExportOptions:
     opset: int = 18
     selector_form: str = "loop"
     external_data: str = "auto"
-    #: DECODER_FORMS; resolved by `decoder_form_for`
+    #: DECODER_FORMS; "auto" resolved for the checkpoint by export_model (checkpoint_checks.resolve_decoder_form)
     decoder_form: str = "auto"
     progress: bool = True
     #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
@@ -62,6 +64,7 @@ class ExportResult:
     output: Path
     manifest: dict
     seconds: dict = field(default_factory=dict)  # graph name -> export seconds
+    notes: list = field(default_factory=list)  # one line each: a choice made for this checkpoint (decoder form)
 
 
 def _read_config(model_dir: Path):
@@ -134,11 +137,10 @@ def _copy_support_files(family, model_dir: Path, out_dir: Path) -> tuple[list[st
 
 
 def decoder_form_for(opts: ExportOptions) -> str:
-    """The decoder form `opts` asks for ("ort" or "standard"); ExportError (one line) for an impossible one."""
+    """The decoder form `opts` asks for ("auto", "ort" or "standard"; export_model resolves "auto" for the
+    checkpoint: checkpoint_checks.resolve_decoder_form); ExportError (one line) for an unknown one."""
     if opts.decoder_form not in DECODER_FORMS:
         raise OptionValueError(f"--decoder-form: expected one of {list(DECODER_FORMS)}, got {opts.decoder_form!r}")
-    if opts.decoder_form == "auto":
-        return "ort" if opts.dtype == "fp32" else "standard"
     return opts.decoder_form
 
 
@@ -289,13 +291,19 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     config = _read_config(model_dir)
     family = family_for_model_type(config.model_type)
     option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
+    # the config facts the graphs and the runtime assume (CheckpointError before anything is written), and the
+    # decoder form that can run this checkpoint (export/checkpoint_checks.py)
+    dims, text_config = family.dims(config), getattr(config, "text_config", None) or config
+    check_dims(dims, text_config)
+    form, note = resolve_decoder_form(decoder_form_for(opts), opts.dtype, dims, text_config)
+    opts = dataclasses.replace(opts, decoder_form=form)
     check_target(output, opts, source_model)
     previous = read_if_present(output)
     with StagedDir(output) as stage:
         manifest, seconds = _export_into(stage, family, config, model_dir, previous, source_model, opts)
         manifest["options"] = {**manifest.get("options", {}), **option_defaults}
         write_manifest(stage.path, manifest)
-    return ExportResult(output, manifest, seconds)
+    return ExportResult(output, manifest, seconds, [note] if note and "decoder" in opts.graphs else [])
 
 
 @contextlib.contextmanager
