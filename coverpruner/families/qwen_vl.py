@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from coverpruner.errors import ImageError, VideoError
+from coverpruner.errors import ImageError, OptionError, VideoError
 from coverpruner.families.hf import CLIP_MEAN, CLIP_STD
 from coverpruner.images import load_rgb
 
@@ -157,13 +157,15 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 def pixel_bounds(s: QwenImageSettings, min_pixels=None, max_pixels=None) -> tuple[int, int]:
     """The [min_pixels, max_pixels] a request resizes within: its own values (None: the checkpoint's), each a
     whole number of pixels with factor^2 <= min <= max <= the checkpoint's max_pixels (more pixels would exceed
-    the visual tokens the engine dir was built and sized for). ValueError (one line) otherwise."""
+    the visual tokens the engine dir was built and sized for). OptionError (one line, param the option) otherwise."""
     lo = s.min_pixels if min_pixels is None else min_pixels
     hi = s.max_pixels if max_pixels is None else max_pixels
     unit = s.factor ** 2
     if not unit <= lo <= hi <= s.max_pixels:
-        raise ValueError(f"min_pixels {lo} / max_pixels {hi}: need {unit} (one {s.factor}x{s.factor} px visual token) "
-                         f"<= min_pixels <= max_pixels <= {s.max_pixels} (the checkpoint's max_pixels)")
+        param = "min_pixels" if lo < unit or (min_pixels is not None and max_pixels is None) else "max_pixels"
+        raise OptionError(f"min_pixels {lo} / max_pixels {hi}: need {unit} (one {s.factor}x{s.factor} px visual "
+                          f"token) <= min_pixels <= max_pixels <= {s.max_pixels} (the checkpoint's max_pixels)",
+                          param=param)
     return lo, hi
 
 
@@ -229,8 +231,8 @@ def preprocess_qwen_image(image, s: QwenImageSettings, image_size=None, min_pixe
     """Image (path / PIL / uint8 array) -> QwenImage; `image_size=(W, H)` fixes the resolution, `min_pixels` /
     `max_pixels` bound it instead of the checkpoint's limits (see module doc).
 
-    Raises ImageError for unreadable images and ValueError for an image_size the processor could not produce or
-    pixel bounds out of range (pixel_bounds).
+    Raises ImageError for unreadable images, ValueError for an image_size the processor could not produce and
+    OptionError for pixel bounds out of range (pixel_bounds).
     """
     if min_pixels is not None or max_pixels is not None:
         lo, hi = pixel_bounds(s, min_pixels, max_pixels)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from coverpruner.errors import OptionError
 from coverpruner.integers import ascii_int, brief
 from coverpruner.families.contract import GridPanel, ImageSpan, RequestOption, VisionInputs
 from coverpruner.families.hf import HFFamily, HFRuntime
@@ -131,9 +132,13 @@ class QwenVLRuntime(HFRuntime):
     patch: int
 
     def image(self, image, options: dict):
-        """qwen_vl.QwenImage of one image with the request's image_size / min_pixels / max_pixels (IMAGE_OPTIONS)."""
-        return preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"),
-                                     min_pixels=options.get("min_pixels"), max_pixels=options.get("max_pixels"))
+        """qwen_vl.QwenImage of one image with the request's image_size / min_pixels / max_pixels (IMAGE_OPTIONS);
+        OptionError naming the option for a size or bounds the checkpoint's processor could not give."""
+        try:
+            return preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"),
+                                         min_pixels=options.get("min_pixels"), max_pixels=options.get("max_pixels"))
+        except ValueError as exc:  # only check_image_size raises it (a bad image is an ImageError)
+            raise OptionError(str(exc).splitlines()[0], param="image_size") from None
 
     def visual_ids(self) -> list[int]:
         """The token ids of visual rows: the image pad and, when this engine dir takes video, the video pad."""

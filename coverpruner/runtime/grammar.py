@@ -4,7 +4,7 @@
                                                        on first use and shared by every Pipeline of the process
     compiler.compile(response_format) -> Grammar | None   checked once per distinct schema (OptionError, param
                                                           "response_format", for a bad format or schema)
-    GrammarMatcher(grammar)                             one per running answer (its parser state and CPU budget)
+    GrammarMatcher(grammar)                             one per running answer (its parser state and time budget)
     start_masks(matchers) -> PendingMasks               the next token's allowed ids of every constrained request,
                                                         computed in a background thread while the decoder runs
 
@@ -21,8 +21,8 @@ What a client can make a grammar cost is bounded (issue 40), each limit checked 
 - compile: once per distinct schema in the process (a cache keyed by the SHA-256 of its canonical JSON; a refusal
   is cached too, and a second request for a schema being compiled waits for that compile); the compile builds the
   grammar's matcher and times its first mask: a schema that admits no document ({"$ref": "#"}, $ref cycles: the
-  matcher fails at once) or whose first mask costs more than MASK_BURST_S of CPU is refused at admission;
-- per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (CPU of its masks and
+  matcher fails at once) or whose first mask takes more than MASK_BURST_S is refused at admission;
+- per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (seconds of its masks and
   tokens against MASK_BURST_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
   own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex" (400), raised where the
   engine reads its mask, so its neighbours in the batch go on.
@@ -58,16 +58,22 @@ TOO_COMPLEX = "grammar_too_complex"
 #: JSON values (objects, arrays, scalars) of one schema: llguidance's compile grows faster than linearly with a
 #: schema's size (2,000 optional properties ~0.1 s to check + ~0.6 s to build its matcher, 10,000: 2.3 s + 6.6 s)
 MAX_SCHEMA_NODES = 4096
-#: characters of one schema's keys and strings (OpenAI's own bound on names, enum and const values is 120,000)
-MAX_SCHEMA_CHARS = 131_072
-#: CPU seconds a grammar may spend on its first token's mask (measured when it is compiled: a longer one is refused
-#: at admission) and, in generation, the allowance it starts with (MaskBudget)
-MASK_BURST_S = 0.020
-#: CPU seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
-#: the allowance per token is the larger of this and the step's own time)
-MASK_FLOOR_S = 0.001
-#: the lexer states one grammar may build (llguidance's default 250,000 at ~1-2 KB each)
+#: characters of one schema's keys and strings (names, descriptions, enum / const values, patterns): a 100 KB const
+#: took 0.2-0.4 s for its first mask, part of it holding the GIL
+MAX_SCHEMA_CHARS = 65_536
+#: Seconds a grammar may spend on its first token's mask (measured when it is compiled: a longer one is refused
+#: at admission) and, in generation, the allowance it starts with (MaskBudget): room for a first mask's lexer
+#: work and for a busy machine's pauses (a JSON schema's masks take ~0.05-1 ms)
+MASK_BURST_S = 0.050
+#: seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
+#: the allowance per token is the larger of this and the step's own time; a tiny test model's step is ~0.4 ms)
+MASK_FLOOR_S = 0.00025
+#: the lexer states one grammar may build (llguidance's default 250,000 at ~1-2 KB each: up to ~0.5 GB)
 MAX_LEXER_STATES = 65_536
+#: Earley items one mask may create (llguidance's default 50,000): a JSON schema's step uses hundreds; a schema that
+#: recurses into itself without end ({"required": ["a"], "properties": {"a": {"$ref": "#"}}}) reached the default in
+#: 380 ms, and that part of llguidance's mask holds the GIL (the event loop waited); at 5,000 it stops in ~10 ms
+STEP_MAX_ITEMS = 5000
 #: distinct schemas whose compiled grammar (or refusal) is kept
 CACHED_GRAMMARS = 64
 
@@ -237,7 +243,7 @@ class GrammarCompiler:
         """response_format (OpenAI's object, or None) -> its Grammar, None for none / {"type": "text"}.
         OptionError (``param``, one line) for a malformed format, a schema over the size limits
         (check_schema_size), one llguidance cannot compile, one that admits no JSON document (pure $ref cycles), or
-        one whose first mask costs more than MASK_BURST_S of CPU (code grammar_too_complex for the limits)."""
+        one whose first mask takes more than MASK_BURST_S (code grammar_too_complex for the limits)."""
         if response_format is None:
             return None
         found = _schema_of(response_format)
@@ -288,32 +294,29 @@ class GrammarCompiler:
         matcher = llg.LLMatcher(self.bridge, grammar, log_level=0, limits=parser_limits())  # releases the GIL
         if matcher.is_error():
             raise OptionError(f"{_PARAM} schema is not supported: {_first_line(matcher.get_error())}", param=_PARAM)
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+        from llguidance.numpy import allocate_token_bitmask
 
-        bits = allocate_token_bitmask(1, self.vocab_size)
-        t0 = time.thread_time()
-        fill_next_token_bitmask(matcher, bits, 0)
-        cost = time.thread_time() - t0
+        cost = _mask_into(matcher, allocate_token_bitmask(1, self.vocab_size), 0)
         if matcher.is_error() or matcher.is_stopped():  # e.g. {"$ref": "#"}: nothing but EOS could ever follow
             raise OptionError(f"{_PARAM} schema admits no finite JSON document (a cycle of $refs with nothing else "
                               f"to produce?): {_first_line(matcher.get_error() or 'no token can start it')}",
                               param=_PARAM)
         if cost > MASK_BURST_S:
-            raise OptionError(f"{_PARAM} schema's grammar costs {cost * 1e3:.0f} ms of CPU for its first token; at "
+            raise OptionError(f"{_PARAM} schema's grammar takes {cost * 1e3:.0f} ms for its first token's mask; at "
                               f"most {MASK_BURST_S * 1e3:.0f} ms (a very long const, enum or pattern?)", param=_PARAM,
                               code=TOO_COMPLEX)
         return Grammar(kind, grammar, self.bridge, self.vocab_size, matcher)
 
 
 def parser_limits():
-    """llguidance's resource limits for every matcher here (its defaults, but the lexer's states bounded: ~1-2 KB
-    each, 250,000 by default, i.e. up to ~0.5 GB per grammar)."""
-    return _llguidance().LLParserLimits(max_lexer_states=MAX_LEXER_STATES)
+    """llguidance's resource limits for every matcher here: its defaults, but the lexer's states bounded
+    (MAX_LEXER_STATES) and the parser's items per mask (STEP_MAX_ITEMS)."""
+    return _llguidance().LLParserLimits(max_lexer_states=MAX_LEXER_STATES, step_max_items=STEP_MAX_ITEMS)
 
 
 class GrammarMatcher:
     """One answer's parser state over its Grammar: a copy of the grammar's checked matcher (it shares the compiled
-    lexer, so a request starts in microseconds), and the CPU it has spent on masks and tokens against its budget
+    lexer, so a request starts in microseconds), and the time it has spent on masks and tokens against its budget
     (MaskBudget)."""
 
     def __init__(self, grammar: Grammar):
@@ -324,9 +327,9 @@ class GrammarMatcher:
     def advance(self, token: int) -> None:
         """Consume the sampled token; OptionError if the grammar refuses it (never after a mask from this
         matcher: a refusal means the parser hit one of llguidance's limits) or the budget is spent."""
-        t0 = time.thread_time()
+        t0 = time.perf_counter()
         ok = self.matcher.consume_token(int(token))
-        self.budget.spend(time.thread_time() - t0)
+        self.budget.spend(time.perf_counter() - t0)
         if not ok:
             raise OptionError(f"{_PARAM}: generation left the grammar: {_first_line(self.matcher.get_error())}",
                               param=_PARAM, code=TOO_COMPLEX)
@@ -339,7 +342,7 @@ class GrammarMatcher:
 
 
 class MaskBudget:
-    """The CPU one answer's grammar may spend: MASK_BURST_S at the start, plus max(MASK_FLOOR_S, the step's own
+    """The time one answer's grammar may spend: MASK_BURST_S at the start, plus max(MASK_FLOOR_S, the step's own
     time) per token. Its masks run beside the decoder call of their step (start_masks), so a mask no slower
     than that call delays nobody; a grammar over budget is cut (OptionError, code grammar_too_complex) for its
     own request alone, and until then it has added at most MASK_BURST_S + MASK_FLOOR_S per token to its
@@ -356,9 +359,9 @@ class MaskBudget:
 
     def check(self) -> None:
         if self.spent > self.allowed:
-            raise OptionError(f"{_PARAM}: the grammar's token masks cost {self.spent * 1e3:.0f} ms of CPU, over its "
+            raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms, over its "
                               f"budget of {self.allowed * 1e3:.0f} ms ({MASK_BURST_S * 1e3:.0f} ms plus the larger "
-                              f"of {MASK_FLOOR_S * 1e3:.0f} ms and the decoder step per token): generation stopped "
+                              f"of {MASK_FLOOR_S * 1e3:g} ms and the decoder step per token): generation stopped "
                               "(a very long const, enum or pattern?)", param=_PARAM, code=TOO_COMPLEX)
 
 
@@ -389,17 +392,31 @@ class PendingMasks:
 
 
 #: one background thread (created on first use, shared by every engine of the process) that computes the masks of
-#: a step one matcher after another, each timed in CPU seconds (its budget): llguidance computes a mask with the
-#: GIL released, so the thread overlaps the decoder call (also GIL-free) instead of adding to the step
+#: a step one matcher after another, each timed (its budget), through llguidance's LLExecutor: the executor's call
+#: releases the GIL (a matcher's own mask call holds it: a 300 ms first mask stalled /health 300 ms), so the thread
+#: overlaps the decoder call (also GIL-free) instead of adding to the step
 _pool: ThreadPoolExecutor | None = None
+_executor = None
+
+
+def _mask_into(matcher, bits: np.ndarray, i: int) -> float:
+    """Compute ``matcher``'s next-token mask into row i of ``bits`` (llguidance's int32 bitmask [B, ceil(V/32)])
+    with the GIL released -> its wall seconds (the executor's thread does the work; this one waits)."""
+    global _executor
+    llg = _llguidance()
+    from llguidance.numpy import fill_next_token_bitmask_par
+
+    with _bridges_lock:
+        if _executor is None:
+            _executor = llg.LLExecutor(num_threads=1)
+    t0 = time.perf_counter()
+    fill_next_token_bitmask_par(_executor, [(matcher, i)], bits)
+    return time.perf_counter() - t0
 
 
 def _fill(matchers: list[GrammarMatcher], bits: np.ndarray, costs: list) -> None:
-    row = bits.shape[1] * bits.itemsize
     for i, m in enumerate(matchers):
-        t0 = time.thread_time()
-        m.matcher.unsafe_compute_mask_ptr(bits[i].ctypes.data, row)
-        costs[i] = time.thread_time() - t0
+        costs[i] = _mask_into(m.matcher, bits, i)
 
 
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:

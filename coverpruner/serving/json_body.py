@@ -3,14 +3,15 @@
 ``json.loads`` is one C call that holds the GIL for the whole body: 100,000 one-letter text parts (3 MB) took
 ~0.1-0.6 s of it, and every other thread, the event loop included (/health), waited that long, even with the parse
 in a worker thread. ``loads`` gives the same value as ``json.loads`` (same scanner, same errors as
-json.JSONDecodeError); a body of many objects, arrays and commas (above FAST_VALUES) it walks the outer
+json.JSONDecodeError); a body of many objects and arrays (above FAST_CONTAINERS, or FAST_COMMAS commas) it walks the outer
 ``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands each deeper value to the C scanner on its
 own: every C call is one content part or one string, so the GIL is released between them (sys.getswitchinterval)
 and the loop keeps answering (at ~3x json.loads' CPU: 100,000 parts ~0.3 s of a worker thread). The server then counts the content
 parts (runtime.messages.check_part_count) so a request over MAX_PARTS is refused before pydantic validates every
 part (another single long call).
 
-Issue 40: the fast path counts commas too (an upper bound of the values: a logit_bias of 10^6 entries is ONE
+Issue 40: a body over BIG_BODY is always walked, its long strings a slice per C call; the fast path bounds the
+commas too (an upper bound of the values: a logit_bias of 10^6 entries is ONE
 object, and json.loads held the GIL 0.6 s for it), and ``caps`` bounds the fields whose size a limit already
 caps: the walk reads a capped top-level field's values one by one (containers at any depth walked here, so each
 is counted) and stops at its limit with TooManyValues, so a 36 MB schema, 50,000 tools or 10^6 logit_bias entries
@@ -21,13 +22,17 @@ from __future__ import annotations
 
 import json
 import json.decoder
+import sys
 
-#: a body with at most this many '{', '[' and ',' bytes is parsed by json.loads in one C call: ~0.85 us per container on
+#: a body with at most this many '{' and '[' bytes (and FAST_COMMAS commas) is parsed by json.loads in one C call: ~0.85 us per container on
 #: the 2-core dev box, so <= ~0.1 s of GIL (a legit request: MAX_PARTS = 4,096 parts of <= 2 objects each, its
 #: messages, tools, is far below; 100,000 one-letter parts take 0.085 s and get their 4xx in ~0.3 s, where the walk
 #: took 1-1.5 s on the loaded box); above it the walk below: a body far over every limit, refused anyway, parsed at a
 #: few microseconds per value in a worker thread that releases the GIL between values
-FAST_VALUES = 131_072
+FAST_CONTAINERS = 131_072
+#: ... and at most this many ',' bytes: a scalar costs json.loads a few times less than a container (100,000 text
+#: parts, 200,000 commas, stay on the fast path), but 10^6 of them (one logit_bias object) took 0.6 s of GIL
+FAST_COMMAS = 4 * FAST_CONTAINERS
 #: containers this deep (body -> messages -> message -> content) are walked in Python; deeper values are one C call
 MAX_PYTHON_DEPTH = 4
 
@@ -35,6 +40,7 @@ _DECODER = json.JSONDecoder()
 _SCAN = _DECODER.scan_once  # the C scanner json.loads uses (the pure-Python one where the C module is absent)
 _WHITESPACE = json.decoder.WHITESPACE  # json's own pattern: a run of whitespace is one C call
 _WS_CHARS = frozenset(" \t\n\r")
+_ESCAPE_CHARS = frozenset("\\u0123456789abcdefABCDEF")  # what the inside of an escape sequence is made of
 
 
 def _skip(s: str, i: int) -> int:
@@ -55,12 +61,13 @@ class TooManyValues(ValueError):
 
 
 class _Budget:
-    """The values a capped field may still hold; ``take`` counts one (TooManyValues past the cap)."""
+    """The values a capped field may still hold (not counting the field's own value: a logit_bias of 1,024 entries
+    is within a cap of 1,024); ``take`` counts one (TooManyValues past the cap)."""
 
     __slots__ = ("left", "field", "limit", "code")
 
     def __init__(self, field: str, limit: int, code: str):
-        self.left, self.field, self.limit, self.code = limit, field, limit, code
+        self.left, self.field, self.limit, self.code = limit + 1, field, limit, code
 
     def take(self) -> None:
         self.left -= 1
@@ -68,11 +75,55 @@ class _Budget:
             raise TooManyValues(self.field, self.limit, self.code)
 
 
+def _escaped(s: str, q: int) -> bool:
+    """Whether the character at q follows an odd run of backslashes."""
+    k = q
+    while k > 0 and s[k - 1] == "\\":
+        k -= 1
+    return (q - k) % 2 == 1
+
+
+def _string(s: str, i: int) -> tuple[str, int]:
+    """The JSON string opening at s[i] ('"') -> (its value, index after it), as json's scanstring gives it, but a
+    long one (no closing quote within _SLICE characters) decoded a slice per C call (one call over a 40 MB string
+    held the GIL 0.25 s). A slice ends where no escape can be cut: with no backslash in its last 12 characters
+    (an escape is at most 6, a surrogate pair 12), else right after a character that cannot be inside an escape
+    (not a backslash, 'u' or a hex digit)."""
+    q = s.find('"', i + 1, i + 1 + _SLICE)
+    if q != -1 and not _escaped(s, q):
+        return json.decoder.scanstring(s, i + 1)
+    pieces, j = [], i + 1
+    while True:
+        e = min(j + _SLICE, len(s))
+        q = s.find('"', j, e)
+        while q != -1 and _escaped(s, q):
+            q = s.find('"', q + 1, e)
+        end = q + 1 if q != -1 else e
+        if q == -1:
+            if e == len(s):
+                raise _error("Unterminated string starting at", s, i)
+            if s.rfind("\\", max(j, e - 12), e) != -1:
+                while end > j and s[end - 1] in _ESCAPE_CHARS:
+                    end -= 1
+                if end == j:  # a slice of nothing but escape characters: the rest in one call
+                    value, after = json.decoder.scanstring(s, j)
+                    return "".join(pieces) + value, after
+        try:
+            pieces.append(json.decoder.scanstring(s[j:end] if q != -1 else s[j:end] + '"', 0)[0])
+        except json.JSONDecodeError as exc:  # positions in the whole body, as json.loads reports them
+            raise _error(exc.msg, s, j + exc.pos) from None
+        if q != -1:
+            return "".join(pieces), end
+        j = end
+
+
 def _value(s: str, i: int, depth: int, budget: _Budget | None = None):
     """-> (value, index after it); containers above MAX_PYTHON_DEPTH (any depth under a budget) walked here, the rest
-    by the C scanner."""
+    by the C scanner; under a budget, strings too (_string)."""
     if budget is not None:
         budget.take()
+        if s[i:i + 1] == '"':
+            return _string(s, i)
     if i < len(s) and s[i] in "[{" and (depth < MAX_PYTHON_DEPTH or budget is not None):
         return (_object if s[i] == "{" else _array)(s, i + 1, depth + 1, budget)
     try:
@@ -91,9 +142,9 @@ def _array(s: str, i: int, depth: int, budget: _Budget | None = None):
     while True:  # the hot loop (one turn per content part): locals only
         if deeper and s[i:i + 1] in ("[", "{"):
             value, i = _value(s, i, depth, budget)
+        elif budget is not None:
+            value, i = _value(s, i, depth, budget)
         else:
-            if budget is not None:
-                budget.take()
             try:
                 value, i = scan(s, i)
             except StopIteration as exc:
@@ -123,7 +174,7 @@ def _object(s: str, i: int, depth: int, budget: _Budget | None = None, caps: dic
     while True:
         if i >= len(s) or s[i] != '"':
             raise _error("Expecting property name enclosed in double quotes", s, i)
-        key, i = json.decoder.scanstring(s, i + 1)
+        key, i = _string(s, i) if budget is not None else json.decoder.scanstring(s, i + 1)
         i = _skip(s, i)
         if i >= len(s) or s[i] != ":":
             raise _error("Expecting ':' delimiter", s, i)
@@ -139,15 +190,20 @@ def _object(s: str, i: int, depth: int, budget: _Budget | None = None, caps: dic
 
 #: bytes per C call when a large body is counted or decoded (each call ~1 ms; the GIL is free between them)
 _SLICE = 1 << 20
+#: a body larger than this is walked whatever it holds, every value here and each long string a slice at a time
+#: (_string): json.loads decodes a string at ~6 ns per character in one call, so an image's 32 MB data URL or a
+#: 40 MB instruction held the GIL 0.2-0.25 s; the walk of such a body is a handful of values
+BIG_BODY = 4 * 2 ** 20
 
 
-def _values_at_most(text, limit: int) -> bool:
-    """Whether the body's '{', '[' and ',' bytes (an upper bound of its values: bytes inside strings count too)
-    are at most ``limit``; counted a slice at a time, stopping once over."""
-    n = 0
+def _fast(text) -> bool:
+    """Whether the body holds at most FAST_CONTAINERS '{' / '[' bytes and FAST_COMMAS ',' bytes (upper bounds of its
+    containers and values: bytes inside strings count too); counted a slice at a time, stopping once over."""
+    containers = commas = 0
     for i in range(0, len(text), _SLICE):
-        n += sum(text.count(c, i, i + _SLICE) for c in (b"{", b"[", b","))
-        if n > limit:
+        containers += text.count(b"{", i, i + _SLICE) + text.count(b"[", i, i + _SLICE)
+        commas += text.count(b",", i, i + _SLICE)
+        if containers > FAST_CONTAINERS or commas > FAST_COMMAS:
             return False
     return True
 
@@ -164,21 +220,23 @@ def _decode(raw) -> str:
 
 
 def loads(raw: bytes | str, caps: dict | None = None):
-    """json.loads(raw), in short C calls when the body holds more than FAST_VALUES objects, arrays and commas
-    (module doc); then each top-level field named in ``caps`` ({field: (most values, error code)}) is refused with
+    """json.loads(raw), in short C calls when the body holds more than FAST_CONTAINERS objects and arrays or FAST_COMMAS
+    commas (module doc); then each top-level field named in ``caps`` ({field: (most values, error code)}) is refused with
     TooManyValues as soon as it holds more (a body parsed in one C call is small enough to be checked after).
     UnicodeDecodeError / json.JSONDecodeError / RecursionError as json.loads raises them."""
     text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if _values_at_most(text, FAST_VALUES):
+    big = len(text) > BIG_BODY
+    if not big and _fast(text):
         return json.loads(raw)
     s = _decode(raw) if isinstance(raw, (bytes, bytearray)) else raw
     if s.startswith("\ufeff"):
         raise _error("Unexpected UTF-8 BOM (decode using utf-8-sig)", s, 0)
     i = _skip(s, 0)
+    whole = _Budget("the request body", sys.maxsize, "invalid_json") if big else None  # every value walked here
     if s[i:i + 1] == "{":
-        value, i = _object(s, i + 1, 1, None, caps)
+        value, i = _object(s, i + 1, 1, whole, caps)
     else:
-        value, i = _value(s, i, 0)
+        value, i = _value(s, i, 0, whole)
     i = _skip(s, i)
     if i != len(s):
         raise _error("Extra data", s, i)

@@ -69,7 +69,7 @@ def plan(req, compiler) -> ToolPlan | None:
     if len(tools) > MAX_TOOLS:
         raise bad_request(f"tools holds {len(tools):,} tools; at most {MAX_TOOLS}", "tools")
     try:
-        check_schema_size(tools, "tools", MAX_TOOLS_VALUES, 16 * MAX_SCHEMA_CHARS)
+        check_schema_size(tools, "tools", MAX_TOOLS_VALUES + 1, 16 * MAX_SCHEMA_CHARS)  # + the list itself
     except OptionError as exc:
         raise from_pipeline_error(exc) from None
     params, index = {}, {}
