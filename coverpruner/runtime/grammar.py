@@ -4,7 +4,7 @@
                                                        on first use and shared by every Pipeline of the process
     compiler.compile(response_format) -> Grammar | None   checked once per distinct schema (OptionError, param
                                                           "response_format", for a bad format or schema)
-    GrammarMatcher(grammar)                             one per running answer (its parser state and time budget)
+    GrammarMatcher(grammar)                             one per running answer (its parser state and CPU budget)
     start_masks(matchers) -> PendingMasks               the next token's allowed ids of every constrained request,
                                                         computed in a background thread while the decoder runs
 
@@ -22,7 +22,7 @@ What a client can make a grammar cost is bounded (issue 40), each limit checked 
   is cached too, and a second request for a schema being compiled waits for that compile); the compile builds the
   grammar's matcher and times its first mask: a schema that admits no document ({"$ref": "#"}, $ref cycles: the
   matcher fails at once) or whose first mask takes more than MASK_BURST_S is refused at admission;
-- per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (seconds of its masks and
+- per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (CPU seconds of its masks and
   tokens against MASK_BURST_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
   own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex" (400), raised where the
   engine reads its mask, so its neighbours in the batch go on.
@@ -61,11 +61,11 @@ MAX_SCHEMA_NODES = 4096
 #: characters of one schema's keys and strings (names, descriptions, enum / const values, patterns): a 100 KB const
 #: took 0.2-0.4 s for its first mask, part of it holding the GIL
 MAX_SCHEMA_CHARS = 65_536
-#: Seconds a grammar may spend on its first token's mask (measured when it is compiled: a longer one is refused
-#: at admission) and, in generation, the allowance it starts with (MaskBudget): room for a first mask's lexer
-#: work and for a busy machine's pauses (a JSON schema's masks take ~0.05-1 ms)
+#: Seconds a grammar may spend on its first token's mask (wall time, measured when it is compiled: a longer one is
+#: refused at admission) and, in generation, the CPU time it starts with (MaskBudget): room for a first mask's
+#: lexer work (a JSON schema's masks take ~0.05-1 ms)
 MASK_BURST_S = 0.050
-#: seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
+#: CPU seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
 #: the allowance per token is the larger of this and the step's own time; a tiny test model's step is ~0.4 ms)
 MASK_FLOOR_S = 0.00025
 #: the lexer states one grammar may build (llguidance's default 250,000 at ~1-2 KB each: up to ~0.5 GB)
@@ -327,9 +327,9 @@ class GrammarMatcher:
     def advance(self, token: int) -> None:
         """Consume the sampled token; OptionError if the grammar refuses it (never after a mask from this
         matcher: a refusal means the parser hit one of llguidance's limits) or the budget is spent."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         ok = self.matcher.consume_token(int(token))
-        self.budget.spend(time.perf_counter() - t0)
+        self.budget.spend(time.thread_time() - t0)
         if not ok:
             raise OptionError(f"{_PARAM}: generation left the grammar: {_first_line(self.matcher.get_error())}",
                               param=_PARAM, code=TOO_COMPLEX)
@@ -342,8 +342,8 @@ class GrammarMatcher:
 
 
 class MaskBudget:
-    """The time one answer's grammar may spend: MASK_BURST_S at the start, plus max(MASK_FLOOR_S, the step's own
-    time) per token. Its masks run beside the decoder call of their step (start_masks), so a mask no slower
+    """The CPU time one answer's grammar may spend (its masks and tokens): MASK_BURST_S at the start, plus
+    max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step (start_masks), so a mask no slower
     than that call delays nobody; a grammar over budget is cut (OptionError, code grammar_too_complex) for its
     own request alone, and until then it has added at most MASK_BURST_S + MASK_FLOOR_S per token to its
     neighbours' steps."""
@@ -359,7 +359,7 @@ class MaskBudget:
 
     def check(self) -> None:
         if self.spent > self.allowed:
-            raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms, over its "
+            raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms of CPU, over its "
                               f"budget of {self.allowed * 1e3:.0f} ms ({MASK_BURST_S * 1e3:.0f} ms plus the larger "
                               f"of {MASK_FLOOR_S * 1e3:g} ms and the decoder step per token): generation stopped "
                               "(a very long const, enum or pattern?)", param=_PARAM, code=TOO_COMPLEX)
@@ -392,16 +392,18 @@ class PendingMasks:
 
 
 #: one background thread (created on first use, shared by every engine of the process) that computes the masks of
-#: a step one matcher after another, each timed (its budget), through llguidance's LLExecutor: the executor's call
-#: releases the GIL (a matcher's own mask call holds it: a 300 ms first mask stalled /health 300 ms), so the thread
-#: overlaps the decoder call (also GIL-free) instead of adding to the step
+#: a step one matcher after another, each timed in CPU seconds of this thread (its budget: robust to a busy
+#: machine, where a wall-clock budget cut legitimate grammars and a call through llguidance's executor waited
+#: milliseconds for its thread to be scheduled); the thread overlaps the decoder call (ONNX Runtime releases the
+#: GIL). A matcher's own mask call holds the GIL: each is bounded by the limits above (and cut by its budget).
 _pool: ThreadPoolExecutor | None = None
 _executor = None
 
 
 def _mask_into(matcher, bits: np.ndarray, i: int) -> float:
     """Compute ``matcher``'s next-token mask into row i of ``bits`` (llguidance's int32 bitmask [B, ceil(V/32)])
-    with the GIL released -> its wall seconds (the executor's thread does the work; this one waits)."""
+    with the GIL released, through llguidance's executor -> its wall seconds. For the one mask of a compile (a
+    slow one must not hold the event loop: a self-recursive schema's held it 300 ms)."""
     global _executor
     llg = _llguidance()
     from llguidance.numpy import fill_next_token_bitmask_par
@@ -415,8 +417,11 @@ def _mask_into(matcher, bits: np.ndarray, i: int) -> float:
 
 
 def _fill(matchers: list[GrammarMatcher], bits: np.ndarray, costs: list) -> None:
+    row = bits.shape[1] * bits.itemsize
     for i, m in enumerate(matchers):
-        costs[i] = _mask_into(m.matcher, bits, i)
+        t0 = time.thread_time()
+        m.matcher.unsafe_compute_mask_ptr(bits[i].ctypes.data, row)
+        costs[i] = time.thread_time() - t0
 
 
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:

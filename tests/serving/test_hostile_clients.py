@@ -112,27 +112,38 @@ def _beside(url: str, body: dict, planted=None) -> tuple[tuple, tuple]:
     return got["n"], hostile
 
 
-def test_failures_in_a_batch_fail_only_their_request(url, ort_export, monkeypatch):
-    """A request whose grammar is cut by its mask budget mid-answer (a 10 KB const), one whose sampling fails (a
-    NaN planted in its logits: SamplingError, the request's own 500), and one with temperature 1e-310 (once a 500
-    for its whole batch, now greedy), each beside a long greedy neighbour: the neighbour's answer is the one it
-    gives alone, within 2x of its time alone; the failing one gets its own error."""
-    from coverpruner.runtime import sampling
+def test_failures_in_a_batch_fail_only_their_request(url, monkeypatch):
+    """Requests that fail inside the batched step, each beside a long greedy neighbour: one whose grammar gives up
+    mid-answer (planted: the error its mask budget raises, after 5 tokens; the budget itself is tested in
+    tests/runtime/test_grammar_limits.py), one whose sampling fails (NaN planted in its logits: SamplingError,
+    its own 500), and one with temperature 1e-310 (once a 500 for its whole batch, now greedy). The neighbour's
+    answer is the one it gives alone, within 2x of its time alone; the failing one gets its own error."""
+    from coverpruner.runtime import grammar, sampling
+    from coverpruner.runtime.errors import OptionError
 
     alone = [post(url, NEIGHBOUR, timeout=120) for _ in range(2)]
     want, alone_s = answer_texts(alone[0][1]), min(a[2] for a in alone)
-    real = sampling.Sampler.__call__
+    real_sample, real_advance = sampling.Sampler.__call__, grammar.GrammarMatcher.advance
 
-    def planted(self, logits, allowed=None):  # the request sampled at temperature 1.2345 gets NaN logits
+    def sample(self, logits, allowed=None):  # the request sampled at temperature 1.2345 gets NaN logits
         if self.config.temperature == 1.2345:
             logits = logits.copy()
             logits[3] = float("nan")
-        return real(self, logits, allowed)
+        return real_sample(self, logits, allowed)
 
-    monkeypatch.setattr(sampling.Sampler, "__call__", planted)
-    const = {"type": "json_schema", "json_schema": {"name": "c", "schema": {"const": "ab c" * 2500}}}
+    def advance(self, token):  # the grammar with the planted marker gives up at its 6th token
+        real_advance(self, token)
+        self.taken = getattr(self, "taken", 0) + 1
+        if "planted-budget" in self.grammar.text and self.taken > 5:
+            raise OptionError("response_format: planted budget", param="response_format",
+                                      code=grammar.TOO_COMPLEX)
+
+    monkeypatch.setattr(sampling.Sampler, "__call__", sample)
+    monkeypatch.setattr(grammar.GrammarMatcher, "advance", advance)
+    planted = {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"planted-budget": {"type": "string"}}}}}
     hostile = {
-        "grammar over its budget": (chat(max_tokens=600, response_format=const), 400, "grammar_too_complex"),
+        "grammar gives up mid-answer": (chat(max_tokens=60, response_format=planted), 400, "grammar_too_complex"),
         "NaN logits": (chat(max_tokens=50, temperature=1.2345), 500, "sampling_failed"),
         "temperature 1e-310": (chat(max_tokens=50, temperature=1e-310, n=2), 200, None),
     }
