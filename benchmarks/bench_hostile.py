@@ -13,18 +13,13 @@ tests/serving/test_event_loop.py): a figure taken on a shared machine is noisy; 
 
     python benchmarks/bench_hostile.py                       # both families, every case (~5-10 min)
     python benchmarks/bench_hostile.py --family llava --only schema
-Writes benchmarks/results/hostile_<family>_<tag>.json.
+Writes benchmarks/results/hostile_<family>_<tag>.json and hostile_<tag>.png.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import http.client
 import json
-import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -32,10 +27,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_soak import rss_mb, start_server, tiny_engine  # noqa: E402
 from tests.serving.hostile_cases import (ERROR_S, HEALTH_S, RSS_MB, answer_texts, cases, outcome,  # noqa: E402
                                          parse, stream_error)
 RESULTS = ROOT / "benchmarks" / "results"
-PAGE = os.sysconf("SC_PAGE_SIZE")
 PRESETS = {"llava": "tiny", "qwen3_vl": "qwen3-vl-tiny"}
 NEIGHBOUR_X = 2.0
 NEIGHBOUR = {"model": "tiny", "max_tokens": 800, "ignore_eos": True, "temperature": 0,
@@ -44,38 +40,7 @@ NORMAL = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "conte
 
 
 def engine(family: str) -> Path:
-    out = ROOT / "benchmarks" / "work" / f"hostile_{PRESETS[family]}_ort"
-    if not (out / "manifest.json").is_file():
-        from coverpruner.export.exporter import ExportOptions, export_model
-        from coverpruner.testing.checkpoints import write_checkpoint
-
-        ck = write_checkpoint(out.with_name(out.name + "_ck"), preset=PRESETS[family], seed=0)
-        export_model(ck, out, PRESETS[family], ExportOptions(dtype="fp32", progress=False, decoder_form="ort"))
-    return out
-
-
-def start_server(path: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(path), "--port", str(port), "--threads", "1",
-           "--model-name", "tiny", "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 300:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
-        with contextlib.suppress(OSError):
-            http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/health")
-            return proc, f"http://127.0.0.1:{port}"
-        time.sleep(0.25)
-    raise SystemExit("server not healthy after 300 s")
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * PAGE / 2 ** 20
+    return tiny_engine(PRESETS[family], f"hostile_{PRESETS[family]}_ort", "ort")
 
 
 def stretch() -> float:
@@ -166,7 +131,7 @@ def run(family: str, only: str | None, tag: str) -> dict:
 
     chosen = [c for c in cases(family) if only is None or only in c.name]
     log = RESULTS / f"hostile_{family}_{tag}.log"
-    proc, url = start_server(engine(family), log)
+    proc, url = start_server(engine(family), log, args=())  # default settings
     try:
         for _ in range(3):
             post(url, json.dumps(NORMAL), timeout=120)
@@ -189,6 +154,32 @@ def run(family: str, only: str | None, tag: str) -> dict:
             "not_handled": [r["name"] for r in rows if not r["handled"]], "reference": reference, "rows": rows}
 
 
+def plot(reports: list[dict], path: Path) -> None:
+    """Per case: its answer's seconds and the slowest /health while it ran (log scale), the bounds dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(reports), 1, figsize=(14, 3.6 * len(reports)), squeeze=False)
+    for ax, report in zip(axes[:, 0], reports):
+        rows = report["rows"]
+        x = range(len(rows))
+        ax.scatter(x, [max(r["seconds"], 1e-3) for r in rows], s=10, label="answer (s)",
+                   c=["tab:blue" if r["handled"] else "tab:red" for r in rows])
+        ax.scatter(x, [max(r["slowest_health_s"], 1e-3) for r in rows], s=10, marker="x", color="tab:green",
+                   label="slowest /health (s)")
+        ax.axhline(ERROR_S, ls="--", color="tab:blue", lw=0.8, label="refusal bound 1 s")
+        ax.axhline(HEALTH_S, ls="--", color="tab:green", lw=0.8, label="/health bound 100 ms")
+        ax.set_yscale("log")
+        ax.set_xlabel("case (order of tests/serving/hostile_cases.py; red: not handled)")
+        ax.set_title(f"{report['family']}: {report['handled']}/{report['cases']} handled "
+                     f"({report['handled_load_scaled']} with the bounds scaled by the measured load)", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", choices=["llava", "qwen3_vl", "both"], default="both")
@@ -196,15 +187,16 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="cpu")
     args = ap.parse_args(argv)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    ok = True
+    reports = []
     for family in (["llava", "qwen3_vl"] if args.family == "both" else [args.family]):
         report = run(family, args.only, args.tag)
         out = RESULTS / f"hostile_{family}_{args.tag}.json"
         out.write_text(json.dumps(report, indent=1))
         print(f"{family}: {report['handled']}/{report['cases']} handled ({report['handled_load_scaled']} with the time "
               f"bounds scaled by the load); not handled: {report['not_handled']}")
-        ok = ok and report["handled_load_scaled"] == report["cases"]
-    return 0 if ok else 1
+        reports.append(report)
+    plot(reports, RESULTS / f"hostile_{args.tag}.png")
+    return 0 if all(r["handled_load_scaled"] == r["cases"] for r in reports) else 1
 
 
 if __name__ == "__main__":

@@ -139,13 +139,15 @@ def client_errors() -> dict[str, bytes]:
 
 def answer_of(data) -> str:
     """What must not change between two answers: the choices' texts (a tool call's arguments; not its random id)
-    and their logprobs."""
+    and their logprob tokens (not the values: a prefix restored from the cache and one prefilled again differ in
+    the last float32 bits, ~2e-6 in the logprobs, which picks the same tokens)."""
     texts = []
     for c in data["choices"]:
         message = c.get("message") or {}
         calls = message.get("tool_calls") or []
-        texts.append(json.dumps([c.get("text", message.get("content")), [t["function"] for t in calls],
-                                 c.get("logprobs")]))
+        tokens = [[e["token"]] + [t["token"] for t in e["top_logprobs"]]
+                  for e in ((c.get("logprobs") or {}).get("content") or [])]
+        texts.append(json.dumps([c.get("text", message.get("content")), [t["function"] for t in calls], tokens]))
     return "\n".join(texts)
 
 
@@ -202,24 +204,30 @@ def rss_mb(pid: int) -> float:
 
 
 # -- the run ------------------------------------------------------------------------------------------
-def tiny_engine() -> Path:
-    out = ROOT / "benchmarks" / "work" / "soak_qwen2.5-vl-tiny"
+#: the soak server's flags beside the engine, port, threads and name
+SOAK_ARGS = ("--max-batch", "1", "--allow-remote-images", "--remote-timeout", "2", "--body-timeout", "2",
+             "--max-video-bytes", str(8 * 2 ** 20))
+
+
+def tiny_engine(preset: str = "qwen2.5-vl-tiny", name: str = "soak_qwen2.5-vl-tiny", form: str = "auto") -> Path:
+    """The preset's fp32 engine dir (decoder form ``form``) under benchmarks/work/<name>, built once."""
+    out = ROOT / "benchmarks" / "work" / name
     if not (out / "manifest.json").is_file():
         from coverpruner.export.exporter import ExportOptions, export_model
         from coverpruner.testing.checkpoints import write_checkpoint
 
-        ck = write_checkpoint(out.with_name(out.name + "_ck"), preset="qwen2.5-vl-tiny", seed=0)
-        export_model(ck, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp32", progress=False))
+        ck = write_checkpoint(out.with_name(out.name + "_ck"), preset=preset, seed=0)
+        export_model(ck, out, preset, ExportOptions(dtype="fp32", progress=False, decoder_form=form))
     return out
 
 
-def start_server(engine: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(engine: Path, log: Path, args=SOAK_ARGS) -> tuple[subprocess.Popen, str]:
+    """coverpruner-serve ENGINE on a free loopback port with ``args``, as its own process -> (process, base URL)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(engine), "--port", str(port), "--threads", "1",
-           "--model-name", "tiny", "--log-level", "warning", "--max-batch", "1", "--allow-remote-images",
-           "--remote-timeout", "2", "--body-timeout", "2", "--max-video-bytes", str(8 * 2 ** 20)]
+           "--model-name", "tiny", "--log-level", "warning", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -99,14 +99,20 @@ def test_each_finding_is_refused_fast_or_answered(url, case):
     assert post(url, NORMAL)[0] == 200  # the next normal request
 
 
-def _beside(url: str, body: dict, planted=None) -> tuple[tuple, tuple]:
-    """The neighbour, then ``body`` in the same batch while it decodes -> (neighbour's answer, body's answer)."""
+def _neighbour_running(url: str) -> tuple[threading.Thread, dict]:
+    """Send the long neighbour from a thread and return once the server runs it -> (thread, {"n": its answer})."""
     got = {}
     t = threading.Thread(target=lambda: got.update(n=post(url, NEIGHBOUR, timeout=120)))
     t.start()
     deadline = time.monotonic() + 10
     while json.loads(get(url, "/health")[1])["running"] < 1 and time.monotonic() < deadline:
         time.sleep(0.005)
+    return t, got
+
+
+def _beside(url: str, body: dict) -> tuple[tuple, tuple]:
+    """The neighbour, then ``body`` in the same batch while it decodes -> (neighbour's answer, body's answer)."""
+    t, got = _neighbour_running(url)
     hostile = post(url, body, timeout=120)
     t.join()
     return got["n"], hostile
@@ -172,12 +178,7 @@ def test_prompt_lists_are_admitted_whole_or_not_at_all(url):
     status, data, seconds = post(url, prompts(CAPACITY + 1), path="/v1/completions")
     assert status == 400 and data["error"]["param"] == "prompt" and f"at most {CAPACITY}" in data["error"]["message"]
     assert seconds < ERROR_S * stretch()
-    got = {}
-    t = threading.Thread(target=lambda: got.update(n=post(url, NEIGHBOUR, timeout=120)))
-    t.start()
-    deadline = time.monotonic() + 10
-    while json.loads(get(url, "/health")[1])["running"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    t, _ = _neighbour_running(url)
     status, data, _ = post(url, prompts(CAPACITY), path="/v1/completions")
     health = json.loads(get(url, "/health")[1])
     assert status == 503 and data["error"]["code"] == "queue_full", data

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import ExportSpec, RequestOption
+from coverpruner.families.contract import ExportSpec
 from coverpruner.families.hf import chat_layout, text_dims
 from coverpruner.families.qwen_vl import QwenImageSettings
 from coverpruner.families.qwen_vl_base import IMAGE_OPTIONS, IMAGE_TOKEN, QwenVLFamily, video_options
