@@ -35,7 +35,7 @@ MAX_TOOLS = 128
 #: most JSON values over all tools (names, descriptions, parameter schemas), counted while the body is read
 #: (serving.app.body_caps) and before any tool is looked at: the reached tools' schemas are within
 #: runtime.grammar.MAX_SCHEMA_NODES each, the others are never compiled but are still sent and parsed
-MAX_TOOLS_VALUES = 16 * MAX_SCHEMA_NODES
+MAX_TOOLS_VALUES = 8 * MAX_SCHEMA_NODES
 
 #: a tool without ``parameters`` takes no arguments (OpenAI: an empty parameter list)
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}

@@ -222,8 +222,6 @@ def _logprobs() -> list[Case]:
         Case("top_logprobs without logprobs", _json(chat(top_logprobs=2)), param="top_logprobs"),
         Case("top_logprobs 20, n 8, 2,000 tokens", _json(chat(n=8, **big)), expect="ok", neighbour=True,
              families=("llava",), tags=("finding",)),
-        Case("top_logprobs 20, n 8, 2,000 tokens streamed", _json(chat(n=8, stream=True, **big)), expect="ok",
-             families=("llava",)),
         Case("logprobs n 2", _json(chat(n=2, logprobs=True, top_logprobs=3)), expect="ok"),
     ]
 
