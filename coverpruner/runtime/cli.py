@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                            default=None, help=opt.help)
     gen = p.add_argument_group("generation")
     gen.add_argument("--max-new-tokens", type=cli_int, default=128, help="answer length limit (default 128)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (or anything below 1e-5) = greedy (default 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     gen.add_argument("--seed", type=cli_int, default=None, help="sampling / random-method seed")
     gen.add_argument("--ignore-eos", action="store_true", help="decode past EOS up to --max-new-tokens")

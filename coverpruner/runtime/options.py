@@ -12,7 +12,7 @@ Bounds, and why:
   and an unbounded int overflowed the int64 feed of selector.onnx).
 - seed: 0 .. 2**63 - 1 (numpy's generator refuses negatives; int64 bound for any backend).
 - max_new_tokens: 1 .. MAX_NEW_TOKENS (the context ends decoding long before).
-- temperature: finite, >= 0; top_p: finite, in (0, 1].
+- temperature: finite, >= 0 (below runtime.sampling.GREEDY_BELOW, 1e-5, the choice is greedy); top_p: finite, in (0, 1].
 - method options (coverpruner.selection's declarations: dart's pivots, cdpruner's relevance_weight): each
   method's own check; an option of another method is refused by name (check_method_options).
 
