@@ -21,9 +21,9 @@ What a client can make a grammar cost is bounded (issue 40), each limit checked 
 - compile: once per distinct schema in the process (a cache keyed by the SHA-256 of its canonical JSON; a refusal
   is cached too, and a second request for a schema being compiled waits for that compile); the compile builds the
   grammar's matcher and times its first mask: a schema that admits no document ({"$ref": "#"}, $ref cycles: the
-  matcher fails at once) or whose first mask takes more than MASK_BURST_S is refused at admission;
+  matcher fails at once) or whose first mask takes more than FIRST_MASK_S is refused at admission;
 - per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (CPU seconds of its masks and
-  tokens against MASK_BURST_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
+  tokens against MASK_START_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
   own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex" (400), raised where the
   engine reads its mask, so its neighbours in the batch go on.
 
@@ -61,10 +61,12 @@ MAX_SCHEMA_NODES = 4096
 #: characters of one schema's keys and strings (names, descriptions, enum / const values, patterns): a 100 KB const
 #: took 0.2-0.4 s for its first mask, part of it holding the GIL
 MAX_SCHEMA_CHARS = 65_536
-#: Seconds a grammar may spend on its first token's mask (wall time, measured when it is compiled: a longer one is
-#: refused at admission) and, in generation, the CPU time it starts with (MaskBudget): room for a first mask's
-#: lexer work (a JSON schema's masks take ~0.05-1 ms)
-MASK_BURST_S = 0.050
+#: seconds a grammar may spend on its first token's mask (wall time, measured when it is compiled, where the lexer
+#: is built: a longer one is refused at admission; a JSON schema's masks take ~0.05-1 ms)
+FIRST_MASK_S = 0.050
+#: CPU seconds an answer's grammar starts with (MaskBudget): its matcher is a copy of the compiled one, whose lexer
+#: the first mask already built, so this is room for the states its own answer reaches
+MASK_START_S = 0.020
 #: CPU seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
 #: the allowance per token is the larger of this and the step's own time; a tiny test model's step is ~0.4 ms)
 MASK_FLOOR_S = 0.00025
@@ -243,7 +245,7 @@ class GrammarCompiler:
         """response_format (OpenAI's object, or None) -> its Grammar, None for none / {"type": "text"}.
         OptionError (``param``, one line) for a malformed format, a schema over the size limits
         (check_schema_size), one llguidance cannot compile, one that admits no JSON document (pure $ref cycles), or
-        one whose first mask takes more than MASK_BURST_S (code grammar_too_complex for the limits)."""
+        one whose first mask takes more than FIRST_MASK_S (code grammar_too_complex for the limits)."""
         if response_format is None:
             return None
         found = _schema_of(response_format)
@@ -301,9 +303,9 @@ class GrammarCompiler:
             raise OptionError(f"{_PARAM} schema admits no finite JSON document (a cycle of $refs with nothing else "
                               f"to produce?): {_first_line(matcher.get_error() or 'no token can start it')}",
                               param=_PARAM)
-        if cost > MASK_BURST_S:
+        if cost > FIRST_MASK_S:
             raise OptionError(f"{_PARAM} schema's grammar takes {cost * 1e3:.0f} ms for its first token's mask; at "
-                              f"most {MASK_BURST_S * 1e3:.0f} ms (a very long const, enum or pattern?)", param=_PARAM,
+                              f"most {FIRST_MASK_S * 1e3:.0f} ms (a very long const, enum or pattern?)", param=_PARAM,
                               code=TOO_COMPLEX)
         return Grammar(kind, grammar, self.bridge, self.vocab_size, matcher)
 
@@ -342,14 +344,14 @@ class GrammarMatcher:
 
 
 class MaskBudget:
-    """The CPU time one answer's grammar may spend (its masks and tokens): MASK_BURST_S at the start, plus
+    """The CPU time one answer's grammar may spend (its masks and tokens): MASK_START_S at the start, plus
     max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step (start_masks), so a mask no slower
     than that call delays nobody; a grammar over budget is cut (OptionError, code grammar_too_complex) for its
-    own request alone, and until then it has added at most MASK_BURST_S + MASK_FLOOR_S per token to its
+    own request alone, and until then it has added at most MASK_START_S + MASK_FLOOR_S per token to its
     neighbours' steps."""
 
     def __init__(self):
-        self.spent, self.allowed = 0.0, MASK_BURST_S
+        self.spent, self.allowed = 0.0, MASK_START_S
 
     def spend(self, seconds: float) -> None:
         self.spent += seconds
@@ -360,7 +362,7 @@ class MaskBudget:
     def check(self) -> None:
         if self.spent > self.allowed:
             raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms of CPU, over its "
-                              f"budget of {self.allowed * 1e3:.0f} ms ({MASK_BURST_S * 1e3:.0f} ms plus the larger "
+                              f"budget of {self.allowed * 1e3:.0f} ms ({MASK_START_S * 1e3:.0f} ms plus the larger "
                               f"of {MASK_FLOOR_S * 1e3:g} ms and the decoder step per token): generation stopped "
                               "(a very long const, enum or pattern?)", param=_PARAM, code=TOO_COMPLEX)
 

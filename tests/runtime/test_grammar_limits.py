@@ -60,18 +60,18 @@ def test_one_compile_per_distinct_schema_refusals_included(compiler, monkeypatch
 def test_a_first_mask_over_budget_is_refused_at_admission(compiler, monkeypatch):
     from coverpruner.runtime import grammar
 
-    monkeypatch.setattr(grammar, "MASK_BURST_S", 0.0)
+    monkeypatch.setattr(grammar, "FIRST_MASK_S", 0.0)
     with pytest.raises(OptionError, match="first token's mask; at most 0 ms") as info:
         compiler.compile(fmt({"type": "object", "properties": {"issue40-burst": {"type": "string"}}}))
     assert info.value.code == "grammar_too_complex"
 
 
 def test_mask_budget_arithmetic():
-    from coverpruner.runtime.grammar import MASK_BURST_S, MASK_FLOOR_S, MaskBudget
+    from coverpruner.runtime.grammar import MASK_FLOOR_S, MASK_START_S, MaskBudget
 
     b = MaskBudget()
-    b.spend(MASK_BURST_S)
-    b.check()  # exactly the burst: still within
+    b.spend(MASK_START_S)
+    b.check()  # exactly the starting allowance: still within
     b.grant(0.0)  # a step faster than the floor is granted the floor
     b.spend(MASK_FLOOR_S)
     b.check()
