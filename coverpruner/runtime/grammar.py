@@ -318,8 +318,8 @@ def parser_limits():
 
 class GrammarMatcher:
     """One answer's parser state over its Grammar: a copy of the grammar's checked matcher (it shares the compiled
-    lexer, so a request starts in microseconds), and the time it has spent on masks and tokens against its budget
-    (MaskBudget)."""
+    lexer, so a request starts in microseconds), and the CPU time it has spent on masks and tokens against its
+    budget (MaskBudget)."""
 
     def __init__(self, grammar: Grammar):
         self.grammar = grammar
@@ -334,7 +334,7 @@ class GrammarMatcher:
         self.budget.spend(time.thread_time() - t0)
         if not ok:
             raise OptionError(f"{_PARAM}: generation left the grammar: {_first_line(self.matcher.get_error())}",
-                              param=_PARAM, code=TOO_COMPLEX)
+                              param=_PARAM)
         self.budget.check()
 
     @property
@@ -345,10 +345,10 @@ class GrammarMatcher:
 
 class MaskBudget:
     """The CPU time one answer's grammar may spend (its masks and tokens): MASK_START_S at the start, plus
-    max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step (start_masks), so a mask no slower
-    than that call delays nobody; a grammar over budget is cut (OptionError, code grammar_too_complex) for its
-    own request alone, and until then it has added at most MASK_START_S + MASK_FLOOR_S per token to its
-    neighbours' steps."""
+    max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step
+    (start_masks), so a mask no slower than that call delays nobody; a grammar over budget is cut (OptionError,
+    code grammar_too_complex) for its own request alone, and until then it has added at most MASK_START_S +
+    MASK_FLOOR_S per token to its neighbours' steps."""
 
     def __init__(self):
         self.spent, self.allowed = 0.0, MASK_START_S

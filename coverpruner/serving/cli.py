@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--max-queue", type=cli_int, default=16,
                      help="requests that may wait for a worker; more get 503 at once (default 16)")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
-    eng.add_argument("--threads", type=cli_int, default=None, help="intra-op threads per pipeline (default cores/workers)")
+    eng.add_argument("--threads", type=cli_int, default=None,
+                     help="intra-op threads per pipeline (default cores/workers)")
     eng.add_argument("--max-images", type=cli_int, default=None,
                      help="most images per request (default: the engine dir's, 8); more is a 400 too_many_images")
     eng.add_argument("--prefix-cache-mb", type=float, default=256,

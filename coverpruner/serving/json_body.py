@@ -3,19 +3,19 @@
 ``json.loads`` is one C call that holds the GIL for the whole body: 100,000 one-letter text parts (3 MB) took
 ~0.1-0.6 s of it, and every other thread, the event loop included (/health), waited that long, even with the parse
 in a worker thread. ``loads`` gives the same value as ``json.loads`` (same scanner, same errors as
-json.JSONDecodeError); a body of many objects and arrays (above FAST_CONTAINERS, or FAST_COMMAS commas) it walks the outer
-``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands each deeper value to the C scanner on its
-own: every C call is one content part or one string, so the GIL is released between them (sys.getswitchinterval)
-and the loop keeps answering (at ~3x json.loads' CPU: 100,000 parts ~0.3 s of a worker thread). The server then counts the content
-parts (runtime.messages.check_part_count) so a request over MAX_PARTS is refused before pydantic validates every
-part (another single long call).
+json.JSONDecodeError); a body of many objects and arrays (above FAST_CONTAINERS, or FAST_COMMAS commas) it walks
+the outer ``MAX_PYTHON_DEPTH`` levels of arrays and objects in Python and hands each deeper value to the C scanner
+on its own: every C call is one content part or one string, so the GIL is released between them
+(sys.getswitchinterval) and the loop keeps answering (at ~3x json.loads' CPU: 100,000 parts ~0.3 s of a worker
+thread). The server then counts the content parts (runtime.messages.check_part_count) so a request over MAX_PARTS
+is refused before pydantic validates every part (another single long call).
 
-Issue 40: a body over BIG_BODY is always walked, its long strings a slice per C call; the fast path bounds the
-commas too (an upper bound of the values: a logit_bias of 10^6 entries is ONE
-object, and json.loads held the GIL 0.6 s for it), and ``caps`` bounds the fields whose size a limit already
-caps: the walk reads a capped top-level field's values one by one (containers at any depth walked here, so each
-is counted) and stops at its limit with TooManyValues, so a 36 MB schema, 50,000 tools or 10^6 logit_bias entries
-are refused after reading a limit's worth of them, not all of them.
+Issue 40: the fast path bounds the commas too (an upper bound of the values: a logit_bias of 10^6 entries is ONE
+object, and json.loads held the GIL 0.6 s for it); a body over BIG_BODY is always walked, every value, its long
+strings a slice per C call; and ``caps`` bounds the top-level fields whose size a limit caps: the walk reads such a
+field's values one by one (containers at any depth walked here, so each is counted) and stops at its limit with
+TooManyValues, so a 36 MB schema, 50,000 tools or 10^6 logit_bias entries are refused after reading a limit's worth
+of them, not all of them. ``dumps`` is the other direction: a large answer encoded in short C calls.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import json
 import json.decoder
 import sys
 
-#: a body with at most this many '{' and '[' bytes (and FAST_COMMAS commas) is parsed by json.loads in one C call: ~0.85 us per container on
-#: the 2-core dev box, so <= ~0.1 s of GIL (a legit request: MAX_PARTS = 4,096 parts of <= 2 objects each, its
-#: messages, tools, is far below; 100,000 one-letter parts take 0.085 s and get their 4xx in ~0.3 s, where the walk
-#: took 1-1.5 s on the loaded box); above it the walk below: a body far over every limit, refused anyway, parsed at a
-#: few microseconds per value in a worker thread that releases the GIL between values
+#: a body with at most this many '{' and '[' bytes (and FAST_COMMAS commas) is parsed by json.loads in one C call:
+#: ~0.85 us per container on the 2-core dev box, so <= ~0.1 s of GIL (a legit request: MAX_PARTS = 4,096 parts of
+#: <= 2 objects each, its messages, tools, is far below; 100,000 one-letter parts take 0.085 s and get their 4xx in
+#: ~0.3 s, where the walk took 1-1.5 s on the loaded box); above it the walk below: a body far over every limit,
+#: refused anyway, parsed at a few microseconds per value in a worker thread that releases the GIL between values
 FAST_CONTAINERS = 131_072
 #: ... and at most this many ',' bytes: a scalar costs json.loads a few times less than a container (100,000 text
 #: parts, 200,000 commas, stay on the fast path), but 10^6 of them (one logit_bias object) took 0.6 s of GIL
@@ -221,8 +221,8 @@ def _decode(raw) -> str:
 
 def loads(raw: bytes | str, caps: dict | None = None):
     """json.loads(raw), in short C calls when the body holds more than FAST_CONTAINERS objects and arrays or FAST_COMMAS
-    commas (module doc); then each top-level field named in ``caps`` ({field: (most values, error code)}) is refused with
-    TooManyValues as soon as it holds more (a body parsed in one C call is small enough to be checked after).
+    commas (module doc); then each top-level field named in ``caps`` ({field: (most values, error code)}) is refused
+    with TooManyValues as soon as it holds more (a body parsed in one C call is small enough to be checked after).
     UnicodeDecodeError / json.JSONDecodeError / RecursionError as json.loads raises them."""
     text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     big = len(text) > BIG_BODY
@@ -248,8 +248,8 @@ _ITEMWISE = 32
 
 
 def dumps(obj) -> bytes:
-    """The bytes starlette's JSONResponse renders for obj (json.dumps, compact, UTF-8, no NaN), in short C calls: dicts and short
-    lists are walked here, a long list's elements (e.g. one logprob entry per answer token) are encoded one per
+    """The bytes starlette's JSONResponse renders for obj (json.dumps, compact, UTF-8, no NaN), in short C calls: dicts
+    and short lists are walked here, a long list's elements (e.g. one logprob entry per answer token) are encoded one per
     call, so the GIL is released between them. For a large answer encoded in a worker thread (serving.app): 8
     answers of 2,000 tokens with 20 alternatives each (21.7 MB) were one json.dumps call that held the event loop
     for seconds."""
