@@ -4,11 +4,15 @@ The server runs the tiny Qwen2.5-VL engine (images, video and text in one model;
 on loopback, --max-batch 1, --allow-remote-images, --body-timeout 2, --remote-timeout 2. Three client threads:
 
 * valid (2 threads): text, image, two-image conversation, 8-frame video and a 16-frame 448x448 video, greedy
-  (temperature 0) with a few max_tokens; the first answer of each is recorded and every later answer must equal it;
+  (temperature 0) with a few max_tokens; and (issue 40) a json_schema answer, a forced tool call, a /v1/completions
+  list of 3 prompts, logprobs with 5 alternatives and a temperature of 1e-310 (greedy); the first answer of each is
+  recorded and every later answer must equal it;
 * hostile (1 thread): client errors (bad field values, unknown model, malformed JSON, 5,000 content parts,
-  100,000 text parts, 1,000 x 10 KB stop strings, a 64-frame 2048x2048 video, an empty body), each must get a 4xx
-  with OpenAI's error body (never a 5xx), and slow attacks (a never-ending chunked body, a remote image whose
-  server drips its headers), each cut near its 2 s deadline.
+  100,000 text parts, 1,000 x 10 KB stop strings, a 64-frame 2048x2048 video, an empty body, and issue 40's
+  findings from tests/serving/hostile_cases.py: $ref cycles, a 36 MB schema, 50,000 tools, 10^6 logit_bias entries,
+  a 100 KB const, "²" integers, 100,000 prompts, ...), each must get a 4xx with OpenAI's error body (never a 5xx),
+  and slow attacks (a never-ending chunked body, a remote image whose server drips its headers), each cut near its
+  2 s deadline.
 
 The server's RSS (/proc/PID/statm) is sampled every 0.5 s. Checks: no valid answer changed, no 5xx for a client
 error, RSS flat after warm-up (the largest RSS of the last half of the run at most --rss-slack-mb above the largest
@@ -80,6 +84,7 @@ def _text(t: str) -> dict:
 
 
 def valid_requests() -> dict[str, dict]:
+    """name -> chat body (or {"_path": another endpoint, ...the body})."""
     img = {"type": "image_url", "image_url": {"url": _url(_png(), "image/png")}}
     v8 = {"type": "video_url", "video_url": {"url": _url(_mp4(8, 112, 168), "video/mp4")}}
     v16 = {"type": "video_url", "video_url": {"url": _url(_mp4(16, 448, 448), "video/mp4")}}
@@ -93,6 +98,21 @@ def valid_requests() -> dict[str, dict]:
             {"role": "user", "content": [img, _text("Compare them.")]}]},
         "video_8f": {**base, "max_tokens": 6, "messages": _msg(v8, _text("What happens?"))},
         "video_16f_448": {**base, "max_tokens": 4, "budget": 64, "messages": _msg(v16, _text("What happens?"))},
+        # issue 40's request kinds, each with an answer that must not change
+        "json_schema": {**base, "max_tokens": 48, "messages": _msg(_text("Describe the sea.")), "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": {
+                "type": "object", "additionalProperties": False, "required": ["kind", "n"],
+                "properties": {"kind": {"enum": ["calm", "rough"]}, "n": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 9}}}}}},
+        "tool_call": {**base, "max_tokens": 24, "messages": _msg(_text("Where is it?")), "tool_choice": {
+            "type": "function", "function": {"name": "locate"}}, "tools": [{"type": "function", "function": {
+                "name": "locate", "parameters": {"type": "object", "additionalProperties": False, "required": ["x"],
+                                                 "properties": {"x": {"type": "integer", "minimum": 0,
+                                                                      "maximum": 99}}}}}]},
+        "completions_list": {**base, "_path": "/v1/completions", "max_tokens": 4, "prompt": ["Sea?", "Sky?", "Sun?"]},
+        "logprobs": {**base, "max_tokens": 6, "logprobs": True, "top_logprobs": 5, "messages": _msg(_text("Hi"))},
+        "temperature_1e-310": {**base, "temperature": 1e-310, "max_tokens": 8,
+                               "messages": _msg(_text("Tell me about the sea."))},
     }
 
 
@@ -109,15 +129,34 @@ def client_errors() -> dict[str, bytes]:
         "1000_stops_10kb": json.dumps({**ok, "stop": ["x" * 10_240] * 1000}),
         "video_64f_2048": json.dumps({**ok, "messages": _msg(huge, _text("What happens?"))}),
     })
-    return {k: v.encode() for k, v in out.items()}
+    out = {k: ("/v1/chat/completions", v.encode()) for k, v in out.items()}
+    from tests.serving.hostile_cases import cases
+
+    # issue 40's findings that are client errors (built once: several are 5-40 MB)
+    out.update({c.name: (c.path, c.body()) for c in cases("qwen3_vl") if c.expect == "4xx"})
+    return out
+
+
+def answer_of(data) -> str:
+    """What must not change between two answers: the choices' texts (a tool call's arguments; not its random id)
+    and their logprob tokens (not the values: a prefix restored from the cache and one prefilled again differ in
+    the last float32 bits, ~2e-6 in the logprobs, which picks the same tokens)."""
+    texts = []
+    for c in data["choices"]:
+        message = c.get("message") or {}
+        calls = message.get("tool_calls") or []
+        tokens = [[e["token"]] + [t["token"] for t in e["top_logprobs"]]
+                  for e in ((c.get("logprobs") or {}).get("content") or [])]
+        texts.append(json.dumps([c.get("text", message.get("content")), [t["function"] for t in calls], tokens]))
+    return "\n".join(texts)
 
 
 # -- HTTP ---------------------------------------------------------------------------------------------
-def post(base: str, body: bytes, timeout: float = 300) -> tuple[int, dict | str]:
+def post(base: str, body: bytes, timeout: float = 300, path: str = "/v1/chat/completions") -> tuple[int, dict | str]:
     u = urlparse(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     try:
-        conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         raw = resp.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -165,24 +204,30 @@ def rss_mb(pid: int) -> float:
 
 
 # -- the run ------------------------------------------------------------------------------------------
-def tiny_engine() -> Path:
-    out = ROOT / "benchmarks" / "work" / "soak_qwen2.5-vl-tiny"
+#: the soak server's flags beside the engine, port, threads and name
+SOAK_ARGS = ("--max-batch", "1", "--allow-remote-images", "--remote-timeout", "2", "--body-timeout", "2",
+             "--max-video-bytes", str(8 * 2 ** 20))
+
+
+def tiny_engine(preset: str = "qwen2.5-vl-tiny", name: str = "soak_qwen2.5-vl-tiny", form: str = "auto") -> Path:
+    """The preset's fp32 engine dir (decoder form ``form``) under benchmarks/work/<name>, built once."""
+    out = ROOT / "benchmarks" / "work" / name
     if not (out / "manifest.json").is_file():
         from coverpruner.export.exporter import ExportOptions, export_model
         from coverpruner.testing.checkpoints import write_checkpoint
 
-        ck = write_checkpoint(out.with_name(out.name + "_ck"), preset="qwen2.5-vl-tiny", seed=0)
-        export_model(ck, out, "qwen2.5-vl-tiny", ExportOptions(dtype="fp32", progress=False))
+        ck = write_checkpoint(out.with_name(out.name + "_ck"), preset=preset, seed=0)
+        export_model(ck, out, preset, ExportOptions(dtype="fp32", progress=False, decoder_form=form))
     return out
 
 
-def start_server(engine: Path, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(engine: Path, log: Path, args=SOAK_ARGS) -> tuple[subprocess.Popen, str]:
+    """coverpruner-serve ENGINE on a free loopback port with ``args``, as its own process -> (process, base URL)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(engine), "--port", str(port), "--threads", "1",
-           "--model-name", "tiny", "--log-level", "warning", "--max-batch", "1", "--allow-remote-images",
-           "--remote-timeout", "2", "--body-timeout", "2", "--max-video-bytes", str(8 * 2 ** 20)]
+           "--model-name", "tiny", "--log-level", "warning", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
@@ -229,9 +274,11 @@ def run(engine: Path, minutes: float, warmup_s: float, tag: str, slack_mb: float
             name = names[i % len(names)]
             i += 1
             s = time.monotonic()
-            status, data = post(url, json.dumps(valid[name]).encode())
+            body = dict(valid[name])
+            path = body.pop("_path", "/v1/chat/completions")
+            status, data = post(url, json.dumps(body).encode(), path=path)
             note("valid", name, status, time.monotonic() - s)
-            text = data["choices"][0]["message"]["content"] if status == 200 else f"HTTP {status}: {data}"
+            text = answer_of(data) if status == 200 else f"HTTP {status}: {data}"
             if status != 200:
                 failed.append({"name": name, "status": status, "body": str(data)[:300]})
             with lock:
@@ -252,7 +299,8 @@ def run(engine: Path, minutes: float, warmup_s: float, tag: str, slack_mb: float
             elif name == "header_dripping_remote":
                 status, _ = post(url, remote)
             else:
-                status, data = post(url, errors[name])
+                path, body = errors[name]
+                status, data = post(url, body, path=path)
                 if not (400 <= status < 500 and isinstance(data, dict) and "error" in data):
                     fivexx.append({"name": name, "status": status, "body": str(data)[:300]})
             took = time.monotonic() - s

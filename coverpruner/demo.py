@@ -17,6 +17,8 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
+from coverpruner.integers import cli_int
+
 DEMO_IMAGE = files("coverpruner") / "assets" / "demo.png"
 
 
@@ -28,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", default=None, help="another image instead of the bundled one")
     p.add_argument("--budget", default="16", help="visual tokens to keep of the tiny model's 144 (or 'full')")
     p.add_argument("--method", default="coverpruner", help="selection method")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="answer length")
+    p.add_argument("--max-new-tokens", type=cli_int, default=16, help="answer length")
     p.add_argument("--save-selection", default=None, metavar="PNG", help="also draw the kept patches")
     p.add_argument("--rebuild", action="store_true", help="rewrite checkpoint and engine dir even if present")
     return p

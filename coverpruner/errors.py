@@ -10,7 +10,8 @@ families/, export/, engines/ and runtime/ raise the same classes; ``coverpruner.
 
 from __future__ import annotations
 
-__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError", "CODES"]
+__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError",
+           "SamplingError", "CODES"]
 
 
 class CoverPrunerError(Exception):
@@ -59,6 +60,13 @@ class OptionError(CoverPrunerError):
     default_code = "invalid_value"
 
 
+class SamplingError(CoverPrunerError):
+    """One answer's logits cannot be sampled (NaN, or no finite maximum: a decoder fault). That request fails
+    alone; the request itself was valid, so the server reports it as its own fault (500)."""
+
+    default_code = "sampling_failed"
+
+
 #: Every code a CoverPrunerError may carry (class defaults and the ones raise sites name) -> what it means.
 #: serving/errors.py maps each to an HTTP status; tests/serving/test_error_codes.py raises each one.
 CODES = {
@@ -72,4 +80,7 @@ CODES = {
     "too_many_parts": "more messages and content parts than a request may hold (runtime/messages.MAX_PARTS)",
     "too_many_images": "more images and videos than the request's max_images",
     "invalid_value": "an option has the wrong type, is out of range or unknown",
+    "grammar_too_complex": "a response_format / tool schema is over a size limit, or its grammar costs more per token "
+                           "than the budget (runtime/grammar.py)",
+    "sampling_failed": "the decoder's logits for one answer could not be sampled (NaN: the server's fault)",
 }

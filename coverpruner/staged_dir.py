@@ -25,7 +25,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["StagedDir", "swap_dirs"]
+from coverpruner.integers import ascii_int
+
+__all__ = ["StagedDir", "swap_dirs", "umask_mode"]
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
 _AT_FDCWD = -100
@@ -56,6 +58,13 @@ def swap_dirs(stage: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def umask_mode(mode: int) -> int:
+    """``mode`` less the process's umask: what mkdir / open would have given (mkdtemp and mkstemp give 0700 / 0600)."""
+    mask = os.umask(0o022)  # read it (the only portable way) and put it back at once
+    os.umask(mask)
+    return mode & ~mask
+
+
 def _link_or_copy(src, dst) -> None:
     try:
         os.link(src, dst, follow_symlinks=False)
@@ -77,8 +86,8 @@ def _remove_dead_stages(target: Path) -> None:
     """Delete the stages (and swapped-out old dirs) of `target` left by killed processes."""
     for prefix in (f".{target.name}.staging-", f".{target.name}.old-"):
         for p in target.parent.glob(prefix + "*"):
-            pid = p.name[len(prefix):].split("-")[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            pid = ascii_int(p.name[len(prefix):].split("-")[0])
+            if pid is not None and not _pid_alive(pid):
                 shutil.rmtree(p, ignore_errors=True)
 
 
@@ -94,6 +103,9 @@ class StagedDir:
         _remove_dead_stages(self.target)
         self.path = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.staging-{os.getpid()}-",
                                           dir=self.target.parent))
+        # mkdtemp makes 0700 (private scratch); the stage becomes the engine dir, which must be readable as a dir
+        # made by mkdir is (0777 less the umask: 0755 by default, as the checkpoint's)
+        os.chmod(self.path, umask_mode(0o777))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1] / "coverpruner"
 # Bottom to top. A module may import its own layer's package and any layer below; packages that share a layer
 # do not import each other. Every module of coverpruner/ must fall in exactly one entry.
 LAYERS: list[tuple[str, ...]] = [
+    ("coverpruner.integers",),  # strict integer text: imported by the layer above it too (staged_dir's pid names)
     ("coverpruner", "coverpruner.errors", "coverpruner.extras", "coverpruner.filehash", "coverpruner.progress",
      "coverpruner.staged_dir"),  # extras: the console scripts, each imported by name (importlib)
     ("coverpruner.images", "coverpruner.video"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,29 @@ def test_export_refuses_a_folder_that_is_not_an_engine_dir(tmp_path):
         check_target(tmp_path / "photos", ExportOptions(), "some/model")
     (tmp_path / "empty").mkdir()
     check_target(tmp_path / "empty", ExportOptions(), "some/model")  # an empty folder is fine
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_the_swapped_in_dir_has_the_umask_mode_not_mkdtemp_0700(tmp_path, umask):
+    """Issue 40: an exported engine dir was 0700 (mkdtemp's private mode) where its checkpoint was 0755; a server
+    running as another user could not read it. The stage is chmod-ed to what mkdir gives under the umask."""
+    old = os.umask(umask)
+    try:
+        with StagedDir(tmp_path / "engine") as stage:
+            (stage.path / "manifest.json").write_text("{}")
+        (tmp_path / "plain").mkdir()  # the reference: what mkdir gives under this umask
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "engine").stat().st_mode) == stat.S_IMODE((tmp_path / "plain").stat().st_mode) \
+        == 0o777 & ~umask
+
+
+def test_atomic_result_files_are_not_private(tmp_path):
+    from coverpruner.evaluation.files import write_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_atomic(tmp_path / "results.md", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "results.md").stat().st_mode) == 0o644

@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from coverpruner.integers import ascii_int, cli_int
+
 from .tensorrt import (
     FLAVOURS,
     PRECISIONS,
@@ -24,21 +26,20 @@ from .tensorrt import (
 
 
 def _budgets(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--budgets must be comma-separated ints, got {text!r}") from None
+    values = tuple(ascii_int(v) for v in text.split(",") if v.strip())
+    if None in values:
+        raise argparse.ArgumentTypeError(f"--budgets must be comma-separated ints, got {text!r}")
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"--budgets needs ints >= 1, got {text!r}")
     return values
 
 
 def _shape(text: str) -> tuple[str, tuple[int, int, int]]:
-    try:
-        axis, rng = text.split("=", 1)
-        lo, opt, hi = (int(v) for v in rng.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--shape must look like AXIS=MIN:OPT:MAX, got {text!r}") from None
+    axis, _, rng = text.partition("=")
+    bounds = [ascii_int(v) for v in rng.split(":")]
+    if not axis or len(bounds) != 3 or None in bounds:
+        raise argparse.ArgumentTypeError(f"--shape must look like AXIS=MIN:OPT:MAX, got {text!r}")
+    lo, opt, hi = bounds
     if not 0 <= lo <= opt <= hi:
         raise argparse.ArgumentTypeError(f"--shape {text!r}: need 0 <= MIN <= OPT <= MAX")
     return axis, (lo, opt, hi)
@@ -61,14 +62,14 @@ def make_parser() -> argparse.ArgumentParser:
     s = p.add_argument_group("optimization profiles")
     s.add_argument("--budgets", type=_budgets, default=(64,),
                    help="selector budgets the engines must accept, e.g. 64,128 (first = optimum; default 64)")
-    s.add_argument("--max-context", type=int, default=None,
+    s.add_argument("--max-context", type=cli_int, default=None,
                    help="longest token sequence for probe/decoder (default: the model's max positions)")
-    s.add_argument("--max-batch", type=int, default=1, help="largest batch for vision/embed/decoder (default 1)")
+    s.add_argument("--max-batch", type=cli_int, default=1, help="largest batch for vision/embed/decoder (default 1)")
     s.add_argument("--shape", type=_shape, action="append", default=[], metavar="AXIS=MIN:OPT:MAX",
                    help="override the range of one symbolic axis (repeatable), e.g. seq=1:700:2048")
     o = p.add_argument_group("other")
     o.add_argument("--graphs", nargs="+", default=None, help="build only these graphs (default: all)")
-    o.add_argument("--workspace-mib", type=int, default=None, help="builder workspace limit in MiB")
+    o.add_argument("--workspace-mib", type=cli_int, default=None, help="builder workspace limit in MiB")
     o.add_argument("--verbose", action="store_true", help="TensorRT's verbose log")
     return p
 

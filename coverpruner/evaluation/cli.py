@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from coverpruner.evaluation.tasks import TASKS
+from coverpruner.integers import cli_int
 from coverpruner.selection import SELECTORS
 
 TASK_NAMES = sorted(TASKS) + sorted(a for t in TASKS.values() for a in t.aliases)
@@ -39,15 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "coverpruner,divprune,dart,cdpruner for the paper's side-by-side table")
     prune.add_argument("--tau", type=float, default=None, help="demand temperature (default: the manifest's)")
     gen = run.add_argument_group("generation (greedy)")
-    gen.add_argument("--max-new-tokens", type=int, default=None,
+    gen.add_argument("--max-new-tokens", type=cli_int, default=None,
                      help="answer length limit (default: the lmms-eval task's, e.g. 16 for GQA, 128 for POPE)")
-    gen.add_argument("--limit", type=int, default=None, help="only the first N usable rows")
-    gen.add_argument("--max-images", type=int, default=None,
+    gen.add_argument("--limit", type=cli_int, default=None, help="only the first N usable rows")
+    gen.add_argument("--max-images", type=cli_int, default=None,
                      help="multi-image tasks: most images per sample; a sample with more is skipped with a line "
                           "(default: the engine's defaults.max_images)")
     eng = run.add_argument_group("engine")
     eng.add_argument("--provider", default="cpu", help="cpu, cuda or tensorrt (default cpu)")
-    eng.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's choice)")
+    eng.add_argument("--threads", type=cli_int, default=None, help="intra-op threads (default: ORT's choice)")
     out = run.add_argument_group("output")
     out.add_argument("--out", default="eval-results", help="output folder (default ./eval-results)")
     out.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from coverpruner.staged_dir import umask_mode
+
 
 def write_atomic(path: Path, data: bytes | str) -> None:
     """Write ``data`` to a temporary file next to ``path``, fsync, then rename over ``path``."""
@@ -15,6 +17,7 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, umask_mode(0o666))  # mkstemp's 0600 would make the result private; open() would not
         with os.fdopen(fd, "wb") as fh:
             fh.write(raw)
             fh.flush()

@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from coverpruner.integers import cli_int
 from coverpruner.export.exporter import DECODER_FORMS, FLOAT_DTYPES, GRAPHS, ExportOptions
 from coverpruner.export.resolve import MissingModelError, resolve_model
 from coverpruner.families import all_aliases
@@ -45,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="float precision of weights and float tensors (relevance/softmax stay float32); default fp32")
     g.add_argument("--graphs", type=_graphs, default=GRAPHS,
                    help=f"comma-separated subset to (re-)export; default all: {','.join(GRAPHS)}")
-    g.add_argument("--opset", type=int, default=18,
+    g.add_argument("--opset", type=cli_int, default=18,
                    help="ONNX opset (>= 17; the exporter is native at 18, 17 only where every op converts)")
     g.add_argument("--selector", choices=("loop", "plugin"), default="loop",
                    help="selector graph form: standard ops with Loop (portable) or a TensorRT plugin node")
@@ -60,10 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="quantize MatMul weights block-wise to int4 or int8 (activations keep --dtype)")
     q.add_argument("--quant-format", metavar="ort|qdq", default="ort",
                    help="ort: onnxruntime MatMulNBits (default); qdq: DequantizeLinear + MatMul for TensorRT")
-    q.add_argument("--block-size", type=int, metavar="32|64|128", default=32, help="weights per scale (default 32)")
+    q.add_argument("--block-size", type=cli_int, metavar="32|64|128", default=32, help="weights per scale (default 32)")
     q.add_argument("--quantize-graphs", default="decoder", metavar="decoder[,vision,probe,embed]",
                    help="graphs to quantize (default decoder)")
-    q.add_argument("--accuracy-level", type=int, default=None,
+    q.add_argument("--accuracy-level", type=cli_int, default=None,
                    help="MatMulNBits compute type (ort form): 0 input type, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
                         "(default 4: ORT's CPU has no fast 8-bit kernel otherwise)")
     q.add_argument("--keep-lm-head-float", action="store_true", help="leave the decoder's lm_head unquantized")
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingModelError, QuantizeError, UsageError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
+    from coverpruner.export.checkpoint_checks import CheckpointError
     from coverpruner.export.exporter import OptionValueError, TargetError, export_model
     from coverpruner.export.onnx_io import ExportError
 
@@ -158,12 +160,14 @@ def main(argv: list[str] | None = None) -> int:
                          family_options=dict(args.option))
     try:
         result = export_model(model_dir, args.output, source, opts)
-    except (OptionValueError, TargetError) as exc:  # bad input, nothing written
+    except (OptionValueError, TargetError, CheckpointError) as exc:  # bad input, nothing written
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 2
     except (ExportError, KeyError, FileNotFoundError, ValueError) as exc:
         print(f"coverpruner-export: {exc}", file=sys.stderr)
         return 1
+    for note in result.notes:
+        print(f"coverpruner-export: note: {note}", file=sys.stderr)
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items())
     print(f"wrote {', '.join(result.manifest['graphs'])} to {result.output} ({timing})")
     if quant is not None:

@@ -10,22 +10,24 @@ pages they hold are file-backed and reclaimable anyway.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
 from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
+from coverpruner.export.checkpoint_checks import check_dims, resolve_decoder_form
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
                                      save_proto)
 from coverpruner.families import family_for_model_type
-from coverpruner.progress import ticking
+from coverpruner.progress import stage_bar, ticking
 from coverpruner.staged_dir import StagedDir
 
 FLOAT_DTYPES = {"fp32": "float32", "fp16": "float16"}  # --dtype -> torch / numpy float dtype name
@@ -49,7 +51,7 @@ class ExportOptions:
     opset: int = 18
     selector_form: str = "loop"
     external_data: str = "auto"
-    #: DECODER_FORMS; resolved by `decoder_form_for`
+    #: DECODER_FORMS; "auto" resolved for the checkpoint by export_model (checkpoint_checks.resolve_decoder_form)
     decoder_form: str = "auto"
     progress: bool = True
     #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
@@ -62,6 +64,7 @@ class ExportResult:
     output: Path
     manifest: dict
     seconds: dict = field(default_factory=dict)  # graph name -> export seconds
+    notes: list = field(default_factory=list)  # one line each: a choice made for this checkpoint (decoder form)
 
 
 def _read_config(model_dir: Path):
@@ -134,11 +137,10 @@ def _copy_support_files(family, model_dir: Path, out_dir: Path) -> tuple[list[st
 
 
 def decoder_form_for(opts: ExportOptions) -> str:
-    """The decoder form `opts` asks for ("ort" or "standard"); ExportError (one line) for an impossible one."""
+    """The decoder form `opts` asks for ("auto", "ort" or "standard"; export_model resolves "auto" for the
+    checkpoint: checkpoint_checks.resolve_decoder_form); ExportError (one line) for an unknown one."""
     if opts.decoder_form not in DECODER_FORMS:
         raise OptionValueError(f"--decoder-form: expected one of {list(DECODER_FORMS)}, got {opts.decoder_form!r}")
-    if opts.decoder_form == "auto":
-        return "ort" if opts.dtype == "fp32" else "standard"
     return opts.decoder_form
 
 
@@ -289,13 +291,35 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     config = _read_config(model_dir)
     family = family_for_model_type(config.model_type)
     option_defaults = family_option_defaults(family, opts.family_options)  # checked before anything is written
+    # the config facts the graphs and the runtime assume (CheckpointError before anything is written), and the
+    # decoder form that can run this checkpoint (export/checkpoint_checks.py)
+    dims, text_config = family.dims(config), getattr(config, "text_config", None) or config
+    check_dims(dims, text_config)
+    form, note = resolve_decoder_form(decoder_form_for(opts), opts.dtype, dims, text_config)
+    opts = dataclasses.replace(opts, decoder_form=form)
     check_target(output, opts, source_model)
     previous = read_if_present(output)
     with StagedDir(output) as stage:
         manifest, seconds = _export_into(stage, family, config, model_dir, previous, source_model, opts)
         manifest["options"] = {**manifest.get("options", {}), **option_defaults}
         write_manifest(stage.path, manifest)
-    return ExportResult(output, manifest, seconds)
+    return ExportResult(output, manifest, seconds, [note] if note and "decoder" in opts.graphs else [])
+
+
+@contextlib.contextmanager
+def _hf_progress_bars(enabled: bool):
+    """transformers' "Loading weights" bar on or off for the body (off: it would redraw into a log), restored
+    after."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: dict | None, source_model: str,
@@ -304,12 +328,12 @@ def _export_into(stage: StagedDir, family, config, model_dir: Path, previous: di
     previous dir -> (manifest dict without option defaults, seconds per step)."""
     output = stage.path
     order = [g for g in GRAPHS if g in opts.graphs]
-    bar = tqdm(total=len(order) + 2, desc="export", unit="stage", disable=not opts.progress)
+    bar = stage_bar(len(order) + 2, "export", enabled=opts.progress)  # a line per stage in a log
     seconds: dict[str, float] = {}
 
     bar.set_description("export: load model")
     t0 = time.perf_counter()
-    with ticking(bar):
+    with ticking(bar), _hf_progress_bars(not bar.disable):  # transformers' own bar only where ours is a bar
         model = family.load_model(model_dir, FLOAT_DTYPES[opts.dtype]) if set(order) - WEIGHTLESS_GRAPHS else None
     seconds["load"] = time.perf_counter() - t0
     bar.update()

@@ -9,7 +9,9 @@ Image (transformers' ``Qwen2VLImageProcessorPil``, step for step, same dtypes an
 ratio kept as closely as possible) -> PIL resize (bicubic) -> rescale in float64 then float32 -> normalize in float32
 -> patches [N, C*T*P*P] in merge-block-major order (the merge x merge patches of one merged token consecutive), the
 frame repeated T = temporal_patch_size times, grid_thw = (1, H/P, W/P). A request may fix the resolution,
-``image_size=(W, H)``, accepted only where the processor itself could produce that size.
+``image_size=(W, H)``, accepted only where the processor itself could produce that size, or bound it with its own
+``min_pixels`` / ``max_pixels`` (HF's per-call ``size={"shortest_edge", "longest_edge"}``), within
+[factor^2, the checkpoint's max_pixels]: one visual token per factor x factor pixels.
 
 Positions (HF ``get_rope_index`` of both models for one sequence):
   * a run of text tokens continues one counter in all three components (t = h = w);
@@ -26,13 +28,14 @@ equals the full model with the dropped visual columns masked out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-from coverpruner.errors import ImageError, VideoError
+from coverpruner.errors import ImageError, OptionError, VideoError
 from coverpruner.families.hf import CLIP_MEAN, CLIP_STD
 from coverpruner.images import load_rgb
 
@@ -151,6 +154,21 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def pixel_bounds(s: QwenImageSettings, min_pixels=None, max_pixels=None) -> tuple[int, int]:
+    """The [min_pixels, max_pixels] a request resizes within: its own values (None: the checkpoint's), each a
+    whole number of pixels with factor^2 <= min <= max <= the checkpoint's max_pixels (more pixels would exceed
+    the visual tokens the engine dir was built and sized for). OptionError (one line, param the option) otherwise."""
+    lo = s.min_pixels if min_pixels is None else min_pixels
+    hi = s.max_pixels if max_pixels is None else max_pixels
+    unit = s.factor ** 2
+    if not unit <= lo <= hi <= s.max_pixels:
+        param = "min_pixels" if lo < unit or (min_pixels is not None and max_pixels is None) else "max_pixels"
+        raise OptionError(f"min_pixels {lo} / max_pixels {hi}: need {unit} (one {s.factor}x{s.factor} px visual "
+                          f"token) <= min_pixels <= max_pixels <= {s.max_pixels} (the checkpoint's max_pixels)",
+                          param=param)
+    return lo, hi
+
+
 def check_image_size(image_size, s: QwenImageSettings) -> tuple[int, int]:
     """Validate a requested fixed resolution (W, H); returns (H, W). ValueError (one line) unless the
     processor's rules could produce it: W and H positive multiples of the factor, min_pixels <= W*H <= max_pixels,
@@ -208,11 +226,17 @@ def resize_rgb(rgb: np.ndarray, size: tuple[int, int], resample: int) -> np.ndar
     return resized[:, :, None] if resized.ndim == 2 else resized
 
 
-def preprocess_qwen_image(image, s: QwenImageSettings, image_size=None) -> QwenImage:
-    """Image (path / PIL / uint8 array) -> QwenImage; `image_size=(W, H)` fixes the resolution (see module doc).
+def preprocess_qwen_image(image, s: QwenImageSettings, image_size=None, min_pixels=None,
+                          max_pixels=None) -> QwenImage:
+    """Image (path / PIL / uint8 array) -> QwenImage; `image_size=(W, H)` fixes the resolution, `min_pixels` /
+    `max_pixels` bound it instead of the checkpoint's limits (see module doc).
 
-    Raises ImageError for unreadable images and ValueError for an image_size the processor could not produce.
+    Raises ImageError for unreadable images, ValueError for an image_size the processor could not produce and
+    OptionError for pixel bounds out of range (pixel_bounds).
     """
+    if min_pixels is not None or max_pixels is not None:
+        lo, hi = pixel_bounds(s, min_pixels, max_pixels)
+        s = dataclasses.replace(s, min_pixels=lo, max_pixels=hi)
     fixed = check_image_size(image_size, s) if image_size is not None else None
     _, rgb = load_rgb(image, s.do_convert_rgb)
     original = rgb.shape[:2]

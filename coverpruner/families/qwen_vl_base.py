@@ -12,21 +12,59 @@ from pathlib import Path
 
 import numpy as np
 
+from coverpruner.errors import OptionError
+from coverpruner.integers import ascii_int, brief
 from coverpruner.families.contract import GridPanel, ImageSpan, RequestOption, VisionInputs
 from coverpruner.families.hf import HFFamily, HFRuntime
-from coverpruner.families.qwen_vl import decode_position, pruned_positions
+from coverpruner.families.qwen_vl import decode_position, preprocess_qwen_image, pruned_positions
 
 IMAGE_TOKEN = "<|image_pad|>"
 VIDEO_TOKEN = "<|video_pad|>"
 
 
 def int_at_least(value, name: str, minimum: int, what: str = "") -> int:
-    """An int (or digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>, got ..."."""
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}")
-    return int(value)
+    """An int (or its ASCII digit string) >= minimum; ValueError "<name> must be an integer >= <minimum><what>,
+    got ..."."""
+    number = ascii_int(value) if isinstance(value, str) else value
+    if not isinstance(number, (int, np.integer)) or isinstance(number, bool) or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {brief(value)}")
+    return int(number)
+
+
+def parse_image_size(value):
+    """'WxH' or (W, H) -> (W, H) ints; ValueError (one line) otherwise. Whether the processor's rules allow the
+    size is checked with the checkpoint's limits when the image is prepared."""
+    if isinstance(value, str):
+        sides = [ascii_int(p) for p in value.lower().split("x")]
+        if len(sides) != 2 or None in sides:
+            raise ValueError(f"image_size must be WIDTHxHEIGHT in pixels (e.g. 1008x1008), got {brief(value)}")
+        return sides[0], sides[1]
+    try:
+        w, h = value
+    except (TypeError, ValueError):
+        raise ValueError(f"image_size must be (width, height) in pixels, got {brief(value)}") from None
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (w, h)):
+        raise ValueError(f"image_size must be (width, height) in whole pixels, got {brief(value)}")
+    return int(w), int(h)
+
+
+#: the image resolution options of the dynamic-resolution families (one token per f x f px, f = patch x merge: 28
+#: for Qwen2.5-VL, 32 for Qwen3-VL); checked against the checkpoint's limits when the image is prepared
+#: (qwen_vl.pixel_bounds / check_image_size)
+IMAGE_OPTIONS = (
+    RequestOption(name="image_size", parse=parse_image_size, metavar="WxH",
+                  help="resize each image to exactly W x H px, both multiples of f = patch x merge (28 px "
+                       "Qwen2.5-VL, 32 px Qwen3-VL) within the checkpoint's pixel limits: (W/f)*(H/f) visual tokens "
+                       "(e.g. 1008x1008 = 1,296 on Qwen2.5-VL, 1024x1024 = 1,024 on Qwen3-VL). Default: the "
+                       "processor's smart resize."),
+    RequestOption(name="min_pixels", parse=lambda v: int_at_least(v, "min_pixels", 1), metavar="N",
+                  help="smart-resize each image to at least N pixels (HF's size.shortest_edge; at least f*f, one "
+                       "visual token). Default: the checkpoint's."),
+    RequestOption(name="max_pixels", parse=lambda v: int_at_least(v, "max_pixels", 1), metavar="N",
+                  help="smart-resize each image to at most N pixels: at most N/(f*f) visual tokens (e.g. 262144 = 256 "
+                       "on Qwen3-VL; HF's size.longest_edge), up to the checkpoint's own max_pixels. Default: the "
+                       "checkpoint's."),
+)
 
 
 def parse_video_window(value):
@@ -92,6 +130,15 @@ class QwenVLRuntime(HFRuntime):
     extras: tuple[str, ...] = ()
     merge: int
     patch: int
+
+    def image(self, image, options: dict):
+        """qwen_vl.QwenImage of one image with the request's image_size / min_pixels / max_pixels (IMAGE_OPTIONS);
+        OptionError naming the option for a size or bounds the checkpoint's processor could not give."""
+        try:
+            return preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"),
+                                         min_pixels=options.get("min_pixels"), max_pixels=options.get("max_pixels"))
+        except ValueError as exc:  # only check_image_size raises it (a bad image is an ImageError)
+            raise OptionError(str(exc).splitlines()[0], param="image_size") from None
 
     def visual_ids(self) -> list[int]:
         """The token ids of visual rows: the image pad and, when this engine dir takes video, the video pad."""

@@ -19,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from coverpruner.integers import cli_int
 from coverpruner.progress import spinner
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.families import request_options
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "FILE or [FRAME files], \"fps\": F})")
     req.add_argument("--demand", choices=("turn", "latest"), default="turn",
                      help="an image's demand from its own message (turn, default) or the last user message")
-    req.add_argument("--max-images", type=int, default=None, help="most images per request (default: manifest, 8)")
+    req.add_argument("--max-images", type=cli_int, default=None, help="most images per request (default: manifest, 8)")
     prune = p.add_argument_group("pruning")
     prune.add_argument("--budget", default=None,
                        help="visual tokens to keep (integer) or 'full' for no pruning (default: manifest)")
@@ -56,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
         prune.add_argument("--" + name.replace("_", "-"), dest=f"method_{name}", type=type(opt.default),
                            default=None, help=opt.help)
     gen = p.add_argument_group("generation")
-    gen.add_argument("--max-new-tokens", type=int, default=128, help="answer length limit (default 128)")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--max-new-tokens", type=cli_int, default=128, help="answer length limit (default 128)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 (or anything below 1e-5) = greedy (default 0)")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
-    gen.add_argument("--seed", type=int, default=None, help="sampling / random-method seed")
+    gen.add_argument("--seed", type=cli_int, default=None, help="sampling / random-method seed")
     gen.add_argument("--ignore-eos", action="store_true", help="decode past EOS up to --max-new-tokens")
     fam = p.add_argument_group("model family options (default: the engine dir's)")
     for name, (opt, families) in sorted(request_options().items()):
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                          metavar=opt.metavar or name.upper(), help=f"{opt.help}{choices} [{', '.join(families)}]")
     eng = p.add_argument_group("engine")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
-    eng.add_argument("--threads", type=int, default=None, help="intra-op threads (default: ORT's choice)")
+    eng.add_argument("--threads", type=cli_int, default=None, help="intra-op threads (default: ORT's choice)")
     eng.add_argument("--prefix-cache-mb", type=float, default=0,
                      help="MiB for reusing pruned prefixes within this run (default 0: off; one request per run)")
     out = p.add_argument_group("output")

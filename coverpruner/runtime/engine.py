@@ -46,7 +46,7 @@ from coverpruner.engine_dir import graph_spec, position_ids_input
 from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
-from coverpruner.runtime.errors import OptionError, PromptError
+from coverpruner.runtime.errors import CoverPrunerError, OptionError, PromptError
 from coverpruner.runtime.grammar import GrammarMatcher, start_masks
 from coverpruner.runtime.logprobs import TokenLogprob, check_top_logprobs, token_logprob
 from coverpruner.runtime.options import check_int
@@ -351,7 +351,7 @@ class Engine:
             token = seq.sampler(logits, allowed)
             if seq.grammar is not None:
                 seq.grammar.advance(token)
-        except OptionError as exc:
+        except CoverPrunerError as exc:  # the grammar's (OptionError) or sampling's (SamplingError): this one alone
             dead.add(seq.rid)
             self.cancel(seq.rid)
             return EngineEvent(seq.rid, error=exc)

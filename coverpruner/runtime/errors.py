@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
-from coverpruner.errors import CoverPrunerError, ImageError, ManifestError, OptionError, PromptError, VideoError
+from coverpruner.errors import (CoverPrunerError, ImageError, ManifestError, OptionError, PromptError, SamplingError,
+                                VideoError)
 
-__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError"]
+__all__ = ["CoverPrunerError", "ManifestError", "ImageError", "VideoError", "PromptError", "OptionError",
+           "SamplingError"]

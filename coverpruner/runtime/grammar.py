@@ -2,9 +2,9 @@
 
     GrammarCompiler(tokenizer, vocab_size, eos_ids)    one per Pipeline; the llguidance tokenizer bridge is built
                                                        on first use and shared by every Pipeline of the process
-    compiler.compile(response_format) -> Grammar | None   checked once per request (OptionError, param
+    compiler.compile(response_format) -> Grammar | None   checked once per distinct schema (OptionError, param
                                                           "response_format", for a bad format or schema)
-    GrammarMatcher(grammar)                             one per running request (its parser state)
+    GrammarMatcher(grammar)                             one per running answer (its parser state and CPU budget)
     start_masks(matchers) -> PendingMasks               the next token's allowed ids of every constrained request,
                                                         computed in a background thread while the decoder runs
 
@@ -15,6 +15,18 @@ applies to greedy and sampled decoding alike (disallowed logits are -inf before 
 complete (llguidance: the matcher is stopped, nothing but EOS may follow) the answer ends with finish_reason
 "grammar"; a max_new_tokens limit reached first ends it with "length" (the text is then an unfinished JSON prefix).
 
+What a client can make a grammar cost is bounded (issue 40), each limit checked before the work it guards:
+- size: a schema of more than MAX_SCHEMA_NODES values or MAX_SCHEMA_CHARS characters is refused by a walk that
+  stops at the limit, before it is serialized or converted (check_schema_size);
+- compile: once per distinct schema in the process (a cache keyed by the SHA-256 of its canonical JSON; a refusal
+  is cached too, and a second request for a schema being compiled waits for that compile); the compile builds the
+  grammar's matcher and times its first mask: a schema that admits no document ({"$ref": "#"}, $ref cycles: the
+  matcher fails at once) or whose first mask takes more than FIRST_MASK_S is refused at admission;
+- per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (CPU seconds of its masks and
+  tokens against MASK_START_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
+  own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex" (400), raised where the
+  engine reads its mask, so its neighbours in the batch go on.
+
 llguidance is the ``serve`` extra's dependency, imported here lazily: without it a response_format is refused in one
 line and everything else works.
 """
@@ -24,20 +36,48 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
 
+from coverpruner.integers import brief
 from coverpruner.runtime.errors import OptionError
 
 #: separators of the JSON the grammar allows (OpenAI's own spacing); no free whitespace: a random or weak model
 #: otherwise fills its token budget with newlines between the keys
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _PARAM = "response_format"
-_CACHED_GRAMMARS = 64
+#: the error code of a schema over a limit below (coverpruner.errors.CODES; a 400 naming response_format / the tool)
+TOO_COMPLEX = "grammar_too_complex"
+
+# -- limits (docs/serving.md "Structured output limits"): each bounds work a client could otherwise ask for ---------
+#: JSON values (objects, arrays, scalars) of one schema: llguidance's compile grows faster than linearly with a
+#: schema's size (2,000 optional properties ~0.1 s to check + ~0.6 s to build its matcher, 10,000: 2.3 s + 6.6 s)
+MAX_SCHEMA_NODES = 4096
+#: characters of one schema's keys and strings (names, descriptions, enum / const values, patterns): a 100 KB const
+#: took 0.2-0.4 s for its first mask, part of it holding the GIL
+MAX_SCHEMA_CHARS = 65_536
+#: seconds a grammar may spend on its first token's mask (wall time, measured when it is compiled, where the lexer
+#: is built: a longer one is refused at admission; a JSON schema's masks take ~0.05-1 ms)
+FIRST_MASK_S = 0.050
+#: CPU seconds an answer's grammar starts with (MaskBudget): its matcher is a copy of the compiled one, whose lexer
+#: the first mask already built, so this is room for the states its own answer reaches
+MASK_START_S = 0.020
+#: CPU seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
+#: the allowance per token is the larger of this and the step's own time; a tiny test model's step is ~0.4 ms)
+MASK_FLOOR_S = 0.00025
+#: the lexer states one grammar may build (llguidance's default 250,000 at ~1-2 KB each: up to ~0.5 GB)
+MAX_LEXER_STATES = 65_536
+#: Earley items one mask may create (llguidance's default 50,000): a JSON schema's step uses hundreds; a schema that
+#: recurses into itself without end ({"required": ["a"], "properties": {"a": {"$ref": "#"}}}) reached the default in
+#: 380 ms, and that part of llguidance's mask holds the GIL (the event loop waited); at 5,000 it stops in ~10 ms
+STEP_MAX_ITEMS = 5000
+#: distinct schemas whose compiled grammar (or refusal) is kept
+CACHED_GRAMMARS = 64
 
 _bridges: dict[tuple, object] = {}
 _bridges_lock = threading.Lock()
@@ -45,14 +85,16 @@ _bridges_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Grammar:
-    """A checked grammar of one request: ``kind`` ("json_object" / "json_schema"), ``text`` (llguidance's grammar
-    definition, a JSON string), ``tokenizer`` (the llguidance.LLTokenizer it was checked with), ``vocab_size`` V
-    (the decoder's logits width; masks are bool [V])."""
+    """A checked grammar: ``kind`` ("json_object" / "json_schema"), ``text`` (llguidance's grammar definition, a
+    JSON string), ``tokenizer`` (the llguidance.LLTokenizer it was checked with), ``vocab_size`` V (the decoder's
+    logits width; masks are bool [V]), ``matcher`` (the llguidance.LLMatcher built and probed when it was
+    checked: every request's GrammarMatcher is a copy of it)."""
 
     kind: str
     text: str
     tokenizer: object
     vocab_size: int
+    matcher: object = field(default=None, compare=False, repr=False)
 
 
 def _llguidance():
@@ -130,14 +172,15 @@ def _schema_of(response_format) -> tuple[str, dict] | None:
     """OpenAI's response_format -> (kind, JSON schema) or None for {"type": "text"}; OptionError naming the
     sub-field otherwise."""
     if not isinstance(response_format, Mapping):
-        raise OptionError(f"response_format must be an object with a 'type', got {response_format!r}", param=_PARAM)
+        raise OptionError(f"response_format must be an object with a 'type', got {brief(response_format)}",
+                          param=_PARAM)
     kind = response_format.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return kind, {"type": "object"}
     if kind != "json_schema":
-        raise OptionError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        raise OptionError(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {brief(kind)}",
                           param=_PARAM)
     spec = response_format.get("json_schema")
     if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
@@ -146,15 +189,51 @@ def _schema_of(response_format) -> tuple[str, dict] | None:
     return kind, dict(spec["schema"])
 
 
+def check_schema_size(schema, param: str = _PARAM, max_nodes: int = MAX_SCHEMA_NODES,
+                      max_chars: int = MAX_SCHEMA_CHARS) -> None:
+    """OptionError (code grammar_too_complex, naming ``param``) when ``schema`` holds more than ``max_nodes`` JSON
+    values (objects, arrays and scalars) or more than ``max_chars`` characters of keys and strings. Walked
+    iteratively and stopped at the first value over a limit: the cost is bounded by the limits, not by the schema
+    (a 36 MB schema was json.dumps-ed, 3 s, and converted by llguidance, 8 s, before its 400)."""
+    nodes = chars = 0
+    stack = [schema]
+    while stack:
+        value = stack.pop()
+        nodes += 1
+        if isinstance(value, Mapping):
+            chars += sum(len(k) for k in value if isinstance(k, str))
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+        elif isinstance(value, str):
+            chars += len(value)
+        if nodes > max_nodes or chars > max_chars:
+            what = f"more than {max_nodes:,} values" if nodes > max_nodes else f"more than {max_chars:,} characters"
+            raise OptionError(f"{param}: the schema holds {what}; at most {max_nodes:,} values and {max_chars:,} "
+                              "characters of keys and strings (docs/serving.md, structured output limits)",
+                              param=param, code=TOO_COMPLEX)
+
+
+def _first_line(value) -> str:
+    return str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
+
+
+#: compiled grammars of the process, shared by every GrammarCompiler over the same tokenizer bridge: key (bridge,
+#: kind, SHA-256 of the schema's canonical JSON) -> Grammar, or the OptionError it was refused with (a refused
+#: schema sent again costs nothing either). Least recently used first; at most CACHED_GRAMMARS entries.
+_cache: OrderedDict[tuple, object] = OrderedDict()
+_cache_lock = threading.Lock()
+#: keys being compiled right now -> the Event set when done (a second request for the same schema waits)
+_compiling: dict[tuple, threading.Event] = {}
+
+
 class GrammarCompiler:
-    """Compiles and checks response formats against one tokenizer; the last _CACHED_GRAMMARS checked grammars are
-    kept (a request is checked at the server and again in its worker)."""
+    """Compiles and checks response formats against one tokenizer (the process-wide cache above: one compile per
+    distinct schema, whichever Pipeline asks)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids):
         self._tokenizer, self.vocab_size, self._eos = tokenizer, int(vocab_size), sorted(eos_ids)
         self._bridge = None
-        self._cache: OrderedDict[str, Grammar] = OrderedDict()
-        self._lock = threading.Lock()
 
     @property
     def bridge(self):
@@ -162,60 +241,101 @@ class GrammarCompiler:
             self._bridge = llguidance_tokenizer(self._tokenizer, self.vocab_size, self._eos)
         return self._bridge
 
-    def compile(self, response_format) -> Grammar | None:
+    def compile(self, response_format, param: str = _PARAM) -> Grammar | None:
         """response_format (OpenAI's object, or None) -> its Grammar, None for none / {"type": "text"}.
-        OptionError (param "response_format", one line with llguidance's reason) for a malformed format or a
-        schema llguidance cannot compile."""
+        OptionError (``param``, one line) for a malformed format, a schema over the size limits
+        (check_schema_size), one llguidance cannot compile, one that admits no JSON document (pure $ref cycles), or
+        one whose first mask takes more than FIRST_MASK_S (code grammar_too_complex for the limits)."""
         if response_format is None:
             return None
         found = _schema_of(response_format)
         if found is None:
             return None
         kind, schema = found
+        check_schema_size(schema, param)  # before any conversion
         try:
-            key = kind + json.dumps(schema, sort_keys=True, allow_nan=False)
+            text = json.dumps(schema, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise OptionError(f"response_format schema is not JSON: {exc}", param=_PARAM) from None
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
+            raise OptionError(f"{param} schema is not JSON: {exc}", param=param) from None
+        key = (id(self.bridge), kind, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
+        while True:
+            with _cache_lock:
+                if key in _cache:
+                    _cache.move_to_end(key)
+                    found = _cache[key]
+                    break
+                pending = _compiling.get(key)
+                if pending is None:
+                    _compiling[key] = threading.Event()
+                    found = None
+                    break
+            pending.wait()  # the same schema, being compiled by another request: its result, then
+        if found is None:
+            try:
+                found = self._compile(kind, text)
+            except OptionError as exc:
+                found = exc
+            finally:
+                with _cache_lock:
+                    if found is not None:
+                        _cache[key] = found
+                        while len(_cache) > CACHED_GRAMMARS:
+                            _cache.popitem(last=False)
+                    _compiling.pop(key).set()
+        if isinstance(found, OptionError):
+            raise OptionError(str(found).replace(_PARAM, param, 1), param=param, code=found.code)
+        return found
+
+    def _compile(self, kind: str, text: str) -> Grammar:
+        """The schema's JSON text -> its checked Grammar (llguidance: grammar, matcher, first mask timed)."""
         llg = _llguidance()
         try:
-            text = llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+            grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
         except ValueError as exc:
-            raise OptionError(f"response_format schema: {_first_line(exc)}", param=_PARAM) from None
-        is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(text, self.bridge)
-        if is_error:
-            raise OptionError(f"response_format schema is not supported: {_first_line(messages[0])}", param=_PARAM)
-        grammar = Grammar(kind, text, self.bridge, self.vocab_size)
-        with self._lock:
-            self._cache[key] = grammar
-            while len(self._cache) > _CACHED_GRAMMARS:
-                self._cache.popitem(last=False)
-        return grammar
+            raise OptionError(f"{_PARAM} schema: {_first_line(exc)}", param=_PARAM) from None
+        matcher = llg.LLMatcher(self.bridge, grammar, log_level=0, limits=parser_limits())  # releases the GIL
+        if matcher.is_error():
+            raise OptionError(f"{_PARAM} schema is not supported: {_first_line(matcher.get_error())}", param=_PARAM)
+        from llguidance.numpy import allocate_token_bitmask
+
+        cost = _mask_into(matcher, allocate_token_bitmask(1, self.vocab_size), 0)
+        if matcher.is_error() or matcher.is_stopped():  # e.g. {"$ref": "#"}: nothing but EOS could ever follow
+            raise OptionError(f"{_PARAM} schema admits no finite JSON document (a cycle of $refs with nothing else "
+                              f"to produce?): {_first_line(matcher.get_error() or 'no token can start it')}",
+                              param=_PARAM)
+        if cost > FIRST_MASK_S:
+            raise OptionError(f"{_PARAM} schema's grammar takes {cost * 1e3:.0f} ms for its first token's mask; at "
+                              f"most {FIRST_MASK_S * 1e3:.0f} ms (a very long const, enum or pattern?)", param=_PARAM,
+                              code=TOO_COMPLEX)
+        return Grammar(kind, grammar, self.bridge, self.vocab_size, matcher)
 
 
-def _first_line(value) -> str:
-    return str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
+def parser_limits():
+    """llguidance's resource limits for every matcher here: its defaults, but the lexer's states bounded
+    (MAX_LEXER_STATES) and the parser's items per mask (STEP_MAX_ITEMS)."""
+    return _llguidance().LLParserLimits(max_lexer_states=MAX_LEXER_STATES, step_max_items=STEP_MAX_ITEMS)
 
 
 class GrammarMatcher:
-    """One request's parser state over its Grammar (llguidance.LLMatcher)."""
+    """One answer's parser state over its Grammar: a copy of the grammar's checked matcher (it shares the compiled
+    lexer, so a request starts in microseconds), and the CPU time it has spent on masks and tokens against its
+    budget (MaskBudget)."""
 
     def __init__(self, grammar: Grammar):
-        llg = _llguidance()
         self.grammar = grammar
-        self.matcher = llg.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
-        if self.matcher.is_error():  # checked at compile time: only a limit hit here
-            raise OptionError(f"response_format: {_first_line(self.matcher.get_error())}", param=_PARAM)
+        self.matcher = grammar.matcher.deep_copy()
+        self.budget = MaskBudget()
 
     def advance(self, token: int) -> None:
         """Consume the sampled token; OptionError if the grammar refuses it (never after a mask from this
-        matcher: a refusal means the parser hit one of llguidance's limits)."""
-        if not self.matcher.consume_token(int(token)):
-            raise OptionError(f"response_format: generation left the grammar: "
-                              f"{_first_line(self.matcher.get_error())}", param=_PARAM)
+        matcher: a refusal means the parser hit one of llguidance's limits) or the budget is spent."""
+        t0 = time.thread_time()
+        ok = self.matcher.consume_token(int(token))
+        self.budget.spend(time.thread_time() - t0)
+        if not ok:
+            raise OptionError(f"{_PARAM}: generation left the grammar: {_first_line(self.matcher.get_error())}",
+                              param=_PARAM)
+        self.budget.check()
 
     @property
     def done(self) -> bool:
@@ -223,42 +343,101 @@ class GrammarMatcher:
         return self.matcher.is_stopped()
 
 
-class PendingMasks:
-    """The masks of one step, being computed: ``allowed(i)`` -> bool [V] of the i-th matcher given to start."""
+class MaskBudget:
+    """The CPU time one answer's grammar may spend (its masks and tokens): MASK_START_S at the start, plus
+    max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step
+    (start_masks), so a mask no slower than that call delays nobody; a grammar over budget is cut (OptionError,
+    code grammar_too_complex) for its own request alone, and until then it has added at most MASK_START_S +
+    MASK_FLOOR_S per token to its neighbours' steps."""
 
-    def __init__(self, future, bits: np.ndarray, vocab_size: int):
-        self._future, self._bits, self._v = future, bits, vocab_size
+    def __init__(self):
+        self.spent, self.allowed = 0.0, MASK_START_S
+
+    def spend(self, seconds: float) -> None:
+        self.spent += seconds
+
+    def grant(self, step_s: float) -> None:
+        self.allowed += max(MASK_FLOOR_S, step_s)
+
+    def check(self) -> None:
+        if self.spent > self.allowed:
+            raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms of CPU, over its "
+                              f"budget of {self.allowed * 1e3:.0f} ms ({MASK_START_S * 1e3:.0f} ms plus the larger "
+                              f"of {MASK_FLOOR_S * 1e3:g} ms and the decoder step per token): generation stopped "
+                              "(a very long const, enum or pattern?)", param=_PARAM, code=TOO_COMPLEX)
+
+
+class PendingMasks:
+    """The masks of one step, being computed: ``allowed(i)`` -> bool [V] of the i-th matcher given to start, or
+    OptionError for that matcher alone (its grammar hit a limit, or its budget is spent)."""
+
+    def __init__(self, future, bits: np.ndarray, costs: list, matchers: list, vocab_size: int):
+        self._future, self._bits, self._costs, self._matchers, self._v = future, bits, costs, matchers, vocab_size
+        self._t0 = time.perf_counter()
+        self._step_s = None
         self._allowed = None
 
     def allowed(self, i: int) -> np.ndarray:
         if self._allowed is None:
+            self._step_s = time.perf_counter() - self._t0  # the decoder call these masks ran beside
             self._future.result()
             self._allowed = np.unpackbits(self._bits.view(np.uint8), axis=1, bitorder="little")[:, :self._v] \
                 .astype(bool)
+        m = self._matchers[i]
+        m.budget.spend(self._costs[i])
+        m.budget.grant(self._step_s)
+        if m.matcher.is_error():
+            raise OptionError(f"{_PARAM}: the grammar hit a limit: {_first_line(m.matcher.get_error())}",
+                              param=_PARAM, code=TOO_COMPLEX)
+        m.budget.check()
         return self._allowed[i]
 
 
 #: one background thread (created on first use, shared by every engine of the process) that computes the masks of
-#: a step with ONE call into llguidance (LLExecutor, one Rust thread): the call holds no GIL, so it overlaps the
-#: decoder call; per-matcher calls from Python would hand the GIL back and forth (a 5 ms switch interval each)
+#: a step one matcher after another, each timed in CPU seconds of this thread (its budget: robust to a busy
+#: machine, where a wall-clock budget cut legitimate grammars and a call through llguidance's executor waited
+#: milliseconds for its thread to be scheduled); the thread overlaps the decoder call (ONNX Runtime releases the
+#: GIL). A matcher's own mask call holds the GIL: each is bounded by the limits above (and cut by its budget).
 _pool: ThreadPoolExecutor | None = None
 _executor = None
+
+
+def _mask_into(matcher, bits: np.ndarray, i: int) -> float:
+    """Compute ``matcher``'s next-token mask into row i of ``bits`` (llguidance's int32 bitmask [B, ceil(V/32)])
+    with the GIL released, through llguidance's executor -> its wall seconds. For the one mask of a compile (a
+    slow one must not hold the event loop: a self-recursive schema's held it 300 ms)."""
+    global _executor
+    llg = _llguidance()
+    from llguidance.numpy import fill_next_token_bitmask_par
+
+    with _bridges_lock:
+        if _executor is None:
+            _executor = llg.LLExecutor(num_threads=1)
+    t0 = time.perf_counter()
+    fill_next_token_bitmask_par(_executor, [(matcher, i)], bits)
+    return time.perf_counter() - t0
+
+
+def _fill(matchers: list[GrammarMatcher], bits: np.ndarray, costs: list) -> None:
+    row = bits.shape[1] * bits.itemsize
+    for i, m in enumerate(matchers):
+        t0 = time.thread_time()
+        m.matcher.unsafe_compute_mask_ptr(bits[i].ctypes.data, row)
+        costs[i] = time.thread_time() - t0
 
 
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:
     """Start computing the next token's mask of every matcher (all over one tokenizer) in the background thread;
     None for none."""
-    global _pool, _executor
+    global _pool
     if not matchers:
         return None
-    llg = _llguidance()
-    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
+    from llguidance.numpy import allocate_token_bitmask
 
     with _bridges_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
-            _executor = llg.LLExecutor(num_threads=1)
     v = matchers[0].grammar.vocab_size
     bits = allocate_token_bitmask(len(matchers), v)
-    pairs = [(m.matcher, i) for i, m in enumerate(matchers)]
-    return PendingMasks(_pool.submit(fill_next_token_bitmask_par, _executor, pairs, bits), bits, v)
+    costs = [0.0] * len(matchers)
+    return PendingMasks(_pool.submit(_fill, matchers, bits, costs), bits, costs, matchers, v)

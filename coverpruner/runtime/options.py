@@ -12,7 +12,7 @@ Bounds, and why:
   and an unbounded int overflowed the int64 feed of selector.onnx).
 - seed: 0 .. 2**63 - 1 (numpy's generator refuses negatives; int64 bound for any backend).
 - max_new_tokens: 1 .. MAX_NEW_TOKENS (the context ends decoding long before).
-- temperature: finite, >= 0; top_p: finite, in (0, 1].
+- temperature: finite, >= 0 (below runtime.sampling.GREEDY_BELOW, 1e-5, the choice is greedy); top_p: finite, in (0, 1].
 - method options (coverpruner.selection's declarations: dart's pivots, cdpruner's relevance_weight): each
   method's own check; an option of another method is refused by name (check_method_options).
 
@@ -27,6 +27,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from coverpruner.integers import ascii_int, brief
 from coverpruner.runtime.errors import OptionError
 from coverpruner.selection import METHOD_OPTIONS, SELECTORS, method_options
 
@@ -86,20 +87,28 @@ def check_penalty(name: str, value) -> float:
 
 #: OpenAI's bound on a logit_bias value
 MAX_LOGIT_BIAS = 100.0
+#: most logit_bias entries: a word list to ban or favour is tens to hundreds of ids; a larger set is a grammar's job
+#: (response_format). Counted before any entry is read: 10^6 entries took 5.3 s to refuse
+MAX_LOGIT_BIAS_ENTRIES = 1024
 
 
 def check_logit_bias(value) -> dict:
-    """{token id (int, or its decimal string: JSON object keys are strings): bias in [-100, 100]} -> {int: float}.
-    Ids past the vocabulary are refused by Pipeline.request, which knows its size."""
+    """{token id (int, or its decimal string in ASCII digits: JSON object keys are strings): bias in [-100, 100]},
+    at most MAX_LOGIT_BIAS_ENTRIES entries -> {int: float}. Ids past the vocabulary are refused by
+    Pipeline.request, which knows its size."""
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise OptionError(f"logit_bias must map token ids to numbers, got {value!r}", param="logit_bias")
+        raise OptionError(f"logit_bias must map token ids to numbers, got {brief(value)}", param="logit_bias")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise OptionError(f"logit_bias has {len(value):,} entries; at most {MAX_LOGIT_BIAS_ENTRIES}",
+                          param="logit_bias")
     out = {}
     for key, bias in value.items():
-        tid = int(key) if isinstance(key, str) and key.strip().isdigit() else key
+        tid = ascii_int(key) if isinstance(key, str) else key
         if not _is_int(tid) or tid < 0:
-            raise OptionError(f"logit_bias key {key!r} is not a token id (an integer >= 0)", param="logit_bias")
+            raise OptionError(f"logit_bias key {brief(key)} is not a token id (an integer >= 0 in ASCII digits)",
+                              param="logit_bias")
         out[int(tid)] = check_float("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
     return out
 
@@ -111,16 +120,14 @@ def check_bool(name: str, value) -> bool:
 
 
 def parse_budget(budget) -> int | None:
-    """None / "full" -> None (no pruning); an integer in 1..MAX_BUDGET (or its decimal string) -> int; anything
-    else (bools, floats, "1e3", out of range) -> OptionError."""
+    """None / "full" -> None (no pruning); an integer in 1..MAX_BUDGET (or its decimal string in ASCII digits) ->
+    int; anything else (bools, floats, "1e3", "²", out of range) -> OptionError."""
     if budget is None or (isinstance(budget, str) and budget.strip().lower() == "full"):
         return None
-    value = budget
-    if isinstance(budget, str) and budget.strip().isdigit():
-        value = int(budget.strip())
+    value = ascii_int(budget) if isinstance(budget, str) else budget
     if not _is_int(value) or not 1 <= value <= MAX_BUDGET:
-        raise OptionError(f"budget must be a positive integer or 'full', got {budget!r} (integers 1..{MAX_BUDGET})",
-                          param="budget")
+        raise OptionError(f"budget must be a positive integer or 'full', got {brief(budget)} (integers "
+                          f"1..{MAX_BUDGET})", param="budget")
     return int(value)
 
 

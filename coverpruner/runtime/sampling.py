@@ -6,6 +6,14 @@ request with n answers (OpenAI's ``n``, runtime.engine forks it) gives answer i 
 ``default_rng(seed)`` (the same stream as a request with n = 1), answer i > 0 from ``default_rng([seed, i])``
 (numpy's SeedSequence of the pair: independent of the others and reproducible); without a seed each answer
 draws fresh entropy.
+
+Sampling is total: every temperature the options accept (finite, >= 0) and every finite logit gives a valid
+distribution. A temperature below GREEDY_BELOW is greedy: at 1e-5 a logit gap of 0.001 is already a probability
+ratio of e^-100, so the choice is the argmax anyway (only exact ties differ, taken at the lowest id), and a smaller
+one (down to 1e-310, a subnormal) overflowed logits / temperature to inf and the softmax to NaN. Above it the
+logits are shifted by their maximum before the division, so z <= 0 and exp(z) never overflows. A logit row with
+NaN or no finite maximum (a decoder fault) raises SamplingError (coverpruner.errors) for that answer alone, never a
+draw from a NaN distribution.
 """
 
 from __future__ import annotations
@@ -14,13 +22,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.runtime.errors import OptionError
+from coverpruner.runtime.errors import OptionError, SamplingError
 from coverpruner.runtime.options import check_logit_bias, check_penalty, check_seed, check_temperature, check_top_p
+
+#: temperatures below this are greedy (module docstring; vLLM's _SAMPLING_EPS is the same 1e-5)
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 -> greedy (argmax, lowest id on ties); top_p in (0, 1]."""
+    """temperature below GREEDY_BELOW (0 included) -> greedy (argmax, lowest id on ties); top_p in (0, 1]."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -43,7 +54,7 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 class Sampler:
@@ -72,11 +83,15 @@ class Sampler:
         return token
 
     def _choose(self, logits: np.ndarray) -> int:
+        top = np.max(logits)
+        if not np.isfinite(top):  # NaN anywhere, +inf, or every token -inf: a decoder fault, not a distribution
+            raise SamplingError(f"the decoder's logits cannot be sampled (largest {top}); this answer is abandoned")
         if self.config.greedy:
             return int(np.argmax(logits))
-        z = logits.astype(np.float64) / self.config.temperature
-        z -= z.max()
-        p = np.exp(z)
+        # shifted first: z <= 0 (-inf for a masked token), so neither the division nor exp overflows; the best
+        # token has z = 0, so the sum is >= 1
+        z = logits.astype(np.float64) - top
+        p = np.exp(z / self.config.temperature)
         p /= p.sum()
         if self.config.top_p < 1.0:
             p = top_p_filter(p, self.config.top_p)

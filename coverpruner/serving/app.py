@@ -11,6 +11,7 @@ string).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
@@ -27,7 +29,9 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from coverpruner.runtime import Pipeline
+from coverpruner.integers import ascii_int
+from coverpruner.runtime import Pipeline, grammar
+from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
 from coverpruner.serving.choices import End, TokenText, chat_logprobs
@@ -38,7 +42,9 @@ from coverpruner.serving.images import REMOTE_TIMEOUT_S
 from coverpruner.serving.memory import release_freed_memory
 from coverpruner.serving.metrics import ServerMetrics
 from coverpruner.serving.request import GenerationRequest, build_request, pipeline_options
+from coverpruner.serving.endpoints import MAX_PROMPTS
 from coverpruner.serving.schema import BODY_NAMES
+from coverpruner.serving.stop import MAX_STOP_STRINGS
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving import tools
@@ -160,6 +166,8 @@ class ServerState:
                                           on_finish=self._finished)
         else:
             self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
+        #: requests admitted at once (running + queued) before a 503: both pools' bound
+        self.capacity = config.workers * self.max_batch + config.max_queue
         self.metrics = ServerMetrics(self.pool)
         self.token_text = TokenText(self.pipelines[0].encoder.tokenizer)  # logprob entries' token strings
 
@@ -246,6 +254,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         tool = await run_in_threadpool(tools.plan, req, state.pipelines[0].grammars)  # 400 naming tools / tool_choice
         if tool is not None:
             req.response_format = tool.response_format
+        if req.response_format is not None:  # compiled (once per distinct schema) before the request is queued
+            await _compile_grammar(state, req.response_format, "tools" if tool is not None else "response_format")
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
                                       state.family, config.max_video_bytes, state.takes_video)
@@ -280,8 +290,21 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     add_endpoints(app, state, serve, lambda request: _read_json(request, state.max_body_bytes, config.body_timeout_s),
                   SimpleNamespace(collect=collect, answers=answers, usage=_usage, finish_reason=finish_reason,
-                                  coverpruner=_coverpruner, validate_chat=validate_chat))
+                                  coverpruner=_coverpruner, validate_chat=validate_chat,
+                                  capacity=lambda: (state.capacity, state.capacity - state.pool.admitted),
+                                  json_answer=json_answer))
     return app
+
+
+async def _compile_grammar(state: ServerState, response_format: dict, param: str) -> None:
+    """Compile the request's grammar in a worker thread (runtime.grammar: size limits first, then llguidance, which
+    releases the GIL), 400 naming ``param`` if refused. The handler does not wait for a compile whose client has
+    gone (abandon_on_cancel): the thread finishes its bounded work and the process-wide cache keeps the result."""
+    try:
+        await anyio.to_thread.run_sync(state.pipelines[0].grammars.compile, response_format, param,
+                                       abandon_on_cancel=True)
+    except CoverPrunerError as exc:
+        raise from_pipeline_error(exc, BODY_NAMES) from None
 
 
 def _check_n(n: int | None, state: ServerState) -> None:
@@ -298,8 +321,8 @@ def _bound_video_frames(options: dict, state: ServerState) -> None:
         return
     bound = state.config.max_video_frames or state.options["max_video_frames"]
     asked = options.get("max_video_frames")
-    if isinstance(asked, str) and asked.strip().isdigit():  # the family's parser takes "64" as 64
-        asked = int(asked)
+    if isinstance(asked, str) and ascii_int(asked) is not None:  # the family's parser takes "64" as 64
+        asked = ascii_int(asked)
     if asked is None:
         options["max_video_frames"] = bound
     elif isinstance(asked, int) and not isinstance(asked, bool) and asked > bound:  # malformed: the family says
@@ -356,17 +379,19 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest, 
 
 # -- request parsing ------------------------------------------------------------------------------
 
-async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> bytearray:
     """The body, whole within ``timeout_s`` (else 408). Past ``limit`` bytes (declared by Content-Length or counted
     while reading) it is 413: read to its end and thrown away up to _DRAIN_LIMIT_BYTES first, so that a client still
     sending gets the 413 rather than a reset; above that at once."""
     too_large = APIError(413, f"request body exceeds {limit} bytes", None, "request_too_large")
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > _DRAIN_LIMIT_BYTES):
-        raise too_large
-    over = length is not None and int(length) > limit
+    if length is not None:
+        length = ascii_int(length)
+        if length is None or length > _DRAIN_LIMIT_BYTES:
+            raise too_large
+    over = length is not None and length > limit
     deadline = asyncio.get_running_loop().time() + timeout_s
-    chunks, size = [], 0
+    body, size = bytearray(), 0  # grown in place: a join of 40 MB of chunks was one long copy on the loop
     stream = request.stream().__aiter__()
     while True:
         try:
@@ -381,10 +406,10 @@ async def _read_body(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
             raise too_large
         over = over or size > limit
         if not over:
-            chunks.append(chunk)
+            body += chunk
     if over:
         raise too_large
-    return b"".join(chunks)
+    return body
 
 
 async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: float = BODY_TIMEOUT_S) -> dict:
@@ -393,9 +418,21 @@ async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
     return await run_in_threadpool(_json_object, await _read_body(request, limit, timeout_s))
 
 
+def body_caps() -> dict:
+    """The top-level fields whose size a limit caps -> (most JSON values, error code), for json_body.loads: a body
+    over one is refused while it is read (a 10^6-entry logit_bias, 50,000 tools, a 36 MB schema, 100,000
+    prompts); each limit is checked again, by name, on a body small enough to be read whole."""
+    schema = grammar.MAX_SCHEMA_NODES + 16  # + response_format's own fields (type, json_schema: name, strict, ...)
+    return {"response_format": (schema, grammar.TOO_COMPLEX), "tools": (tools.MAX_TOOLS_VALUES, grammar.TOO_COMPLEX),
+            "logit_bias": (MAX_LOGIT_BIAS_ENTRIES, "invalid_value"), "stop": (MAX_STOP_STRINGS, "invalid_value"),
+            "prompt": (MAX_PROMPTS, "invalid_value")}
+
+
 def _json_object(raw: bytes) -> dict:
     try:
-        body = json_body.loads(raw)
+        body = json_body.loads(raw, body_caps())
+    except json_body.TooManyValues as exc:
+        raise bad_request(str(exc), exc.field, exc.code) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
     except RecursionError:
@@ -515,7 +552,7 @@ async def answers(state: ServerState, job: Job, gen: GenerationRequest, event):
     from coverpruner.serving.choices import Answers
 
     cut = Answers(gen.stop, gen.n)
-    while True:
+    for count in itertools.count(1):
         kind, value = event
         if kind in ("piece", "finish", "done"):
             for item in cut.feed(kind, value):
@@ -529,6 +566,8 @@ async def answers(state: ServerState, job: Job, gen: GenerationRequest, event):
             yield (_timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
                    if kind == "error" else None)
             return
+        if count % _EVENTS_PER_TURN == 0:  # a queue of thousands of ready events would not yield otherwise
+            await asyncio.sleep(0)
         event = await job.events.get()
 
 
@@ -558,21 +597,47 @@ async def collect(state: ServerState, job: Job, gen: GenerationRequest, event) -
     return [Collected(i, "".join(texts[i]), logprobs[i], ends[i]) for i in range(gen.n)]
 
 
+#: events an answer's handler takes in a row before it lets the event loop run others: Queue.get of a ready item
+#: does not yield, and 8 answers of 2,000 tokens with 20 logprobs each (16,000 events) held /health 0.2 s
+_EVENTS_PER_TURN = 64
+#: an answer of more token entries than this (tokens x (1 + top_logprobs alternatives), over its n choices) is
+#: built and encoded in a worker thread in short steps (json_answer); below, at once on the loop as before
+_LARGE_ANSWER_ENTRIES = 4096
+
+
+async def json_answer(got: list, gen: GenerationRequest, build) -> Response:
+    """The JSON response of ``build()`` (-> dict): for a large answer (logprobs of many tokens, n choices)
+    built and encoded in a worker thread, one logprob entry per C call (json_body.dumps), so the event loop keeps
+    answering (/health) while a 20 MB body is written; else JSONResponse as usual."""
+    entries = sum(len(c.end.result.token_ids) for c in got) * (1 + (gen.top_logprobs or 0))
+    if entries <= _LARGE_ANSWER_ENTRIES:
+        return JSONResponse(build())
+    body = await run_in_threadpool(lambda: json_body.dumps(build()))
+    return Response(body, media_type="application/json")
+
+
 async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event, meta: _Meta):
     got = await collect(state, job, gen, event)
     if got is None:
         return Response(status_code=499)
-    lp = gen.top_logprobs is not None
-    choices = []
-    for c in got:
-        fields, finish = {"content": c.text}, finish_reason(c.end)
-        if gen.tool is not None:  # a forced tool call: the answer is the call's arguments
-            fields, finish = tools.message(gen.tool, c.text, finish)
-        choices.append(Choice(index=c.index, message=AssistantMessage(**fields), finish_reason=finish,
-                              logprobs=chat_logprobs(c.logprobs, state.token_text) if lp else None))
-    body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=choices,
-                          usage=_usage([c.end.result for c in got]), coverpruner=_coverpruner(got[0].end.result))
-    return JSONResponse(body.model_dump())
+
+    def build() -> dict:
+        lp = gen.top_logprobs is not None
+        choices, logprobs = [], []
+        for c in got:
+            fields, finish = {"content": c.text}, finish_reason(c.end)
+            if gen.tool is not None:  # a forced tool call: the answer is the call's arguments
+                fields, finish = tools.message(gen.tool, c.text, finish)
+            choices.append(Choice(index=c.index, message=AssistantMessage(**fields), finish_reason=finish))
+            logprobs.append(chat_logprobs(c.logprobs, state.token_text) if lp else None)
+        body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=choices,
+                              usage=_usage([c.end.result for c in got]),
+                              coverpruner=_coverpruner(got[0].end.result)).model_dump()
+        for choice, entries in zip(body["choices"], logprobs):  # added after: pydantic would walk every entry
+            choice["logprobs"] = entries
+        return body
+
+    return await json_answer(got, gen, build)
 
 
 def sse_data(obj) -> str:

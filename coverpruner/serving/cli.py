@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from coverpruner.engines.ort import PROVIDERS
+from coverpruner.integers import cli_int
 from coverpruner.runtime.errors import CoverPrunerError
 from coverpruner.runtime.pipeline import METHODS, parse_budget
 
@@ -38,18 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("engine_dir", metavar="ENGINE_DIR", help="engine dir written by coverpruner-export")
     http = p.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    http.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    http.add_argument("--port", type=cli_int, default=8000, help="port (default 8000)")
     http.add_argument("--model-name", default=None, help="model id clients send (default: the engine dir's name)")
     http.add_argument("--allow-local-files", action="store_true",
                       help="accept local image paths / file:// URLs (only for trusted clients)")
     http.add_argument("--allow-remote-images", action="store_true", help="fetch http(s):// image and video URLs")
-    http.add_argument("--max-video-bytes", type=int, default=None, metavar="BYTES",
+    http.add_argument("--max-video-bytes", type=cli_int, default=None, metavar="BYTES",
                       help="largest encoded video of a video_url part (Qwen2.5-VL engines; default 64 MiB); the "
                            "request body limit grows to hold it as base64")
-    http.add_argument("--max-video-frames", type=int, default=None, metavar="N",
+    http.add_argument("--max-video-frames", type=cli_int, default=None, metavar="N",
                       help="most frames one video may give after sampling; requests may ask for fewer "
                            "(max_video_frames), never more (default: the engine dir's)")
-    http.add_argument("--max-video-pixels", type=int, default=None, metavar="N",
+    http.add_argument("--max-video-pixels", type=cli_int, default=None, metavar="N",
                       help="most decoded pixels (sampled frames x height x width) one video may hold, checked "
                            "from its header before any frame is decoded (default 2**27, ~400 MB of frames)")
     http.add_argument("--remote-timeout", type=float, default=None, metavar="SECONDS",
@@ -68,18 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--method", default=None, help=f"selection method, one of {', '.join(METHODS)} "
                                                       "(default: the manifest's)")
     eng = p.add_argument_group("engine")
-    eng.add_argument("--workers", type=int, default=1, help="pipelines per process, one request each (default 1)")
-    eng.add_argument("--max-batch", type=int, default=None,
+    eng.add_argument("--workers", type=cli_int, default=1, help="pipelines per process, one request each (default 1)")
+    eng.add_argument("--max-batch", type=cli_int, default=None,
                      help="requests each worker decodes together, one batched decoder call per token (continuous "
                           "batching; needs an ORT-form decoder dir). Default: 8 for an ORT-form dir, else 1")
-    eng.add_argument("--batch-context", type=int, default=None,
+    eng.add_argument("--batch-context", type=cli_int, default=None,
                      help="KV tokens per batched request (prompt after pruning + answer; default min(model max, "
                           "4096)): the batch cache is layers x 2 x max_batch x kv_heads x this x head_dim floats")
-    eng.add_argument("--max-queue", type=int, default=16,
+    eng.add_argument("--max-queue", type=cli_int, default=16,
                      help="requests that may wait for a worker; more get 503 at once (default 16)")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
-    eng.add_argument("--threads", type=int, default=None, help="intra-op threads per pipeline (default cores/workers)")
-    eng.add_argument("--max-images", type=int, default=None,
+    eng.add_argument("--threads", type=cli_int, default=None,
+                     help="intra-op threads per pipeline (default cores/workers)")
+    eng.add_argument("--max-images", type=cli_int, default=None,
                      help="most images per request (default: the engine dir's, 8); more is a 400 too_many_images")
     eng.add_argument("--prefix-cache-mb", type=float, default=256,
                      help="MiB per pipeline for reusing pruned prefixes across turns (default 256; 0 turns it off)")
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="how the coverpruner method runs (see coverpruner-run --help)")
     ray = p.add_argument_group("ray serve (extra serve-ray)")
     ray.add_argument("--ray", action="store_true", help="serve on Ray Serve instead of a single uvicorn process")
-    ray.add_argument("--replicas", type=int, default=None, help="Ray Serve replicas, each with --workers pipelines")
+    ray.add_argument("--replicas", type=cli_int, default=None, help="Ray Serve replicas, each with --workers pipelines")
     ray.add_argument("--ray-address", default=None,
                      help="existing Ray cluster (e.g. ray://head:10001 or auto); default: start a local one")
     ray.add_argument("--ray-cpus-per-replica", type=float, default=1.0, help="CPUs Ray reserves per replica")

@@ -27,7 +27,9 @@ import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
+from coverpruner.serving import json_body
 from coverpruner.serving.choices import Delta, End, legacy_logprobs
 from coverpruner.serving.errors import APIError, bad_request
 
@@ -35,6 +37,9 @@ from coverpruner.serving.errors import APIError, bad_request
 MAX_LEGACY_LOGPROBS = 5
 #: the legacy completions API's default max_tokens
 LEGACY_MAX_TOKENS = 16
+#: most prompts in one /v1/completions request (each one request of the server's; more is a 400 naming prompt, as is
+#: a list longer than the server admits at once: serving.app's capacity, --workers x --max-batch + --max-queue)
+MAX_PROMPTS = 256
 
 #: /v1/completions fields refused -> why (the value that asks for nothing is taken: COMPLETION_OFF)
 COMPLETION_REFUSED = {
@@ -87,6 +92,8 @@ def completion_bodies(body: dict) -> list[dict]:
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise bad_request("prompt must be a string or a non-empty list of strings (text only: token-id prompts are "
                           f"not supported), got {type(prompt).__name__}", "prompt")
+    if len(prompts) > MAX_PROMPTS:
+        raise bad_request(f"prompt holds {len(prompts):,} prompts; at most {MAX_PROMPTS} per request", "prompt")
     if len(prompts) > 1 and body.get("stream"):
         raise bad_request(f"a streamed completion takes one prompt, got {len(prompts)}", "prompt")
     logprobs = body.pop("logprobs", None)
@@ -111,14 +118,19 @@ def completion_render(chat, offset: int = 0):
         got = await chat.collect(state, job, gen, event)
         if got is None:
             return Response(status_code=499)
-        lp = gen.top_logprobs is not None
-        usage = chat.usage([c.end.result for c in got])
-        return JSONResponse({
-            "id": meta.id.replace("chatcmpl-", "cmpl-"), "object": "text_completion", "created": meta.created,
-            "model": meta.model,
-            "choices": [{"index": offset + c.index, "text": c.text, "finish_reason": chat.finish_reason(c.end),
-                         "logprobs": legacy_logprobs(c.logprobs, state.token_text) if lp else None} for c in got],
-            "usage": _legacy_usage(usage), "coverpruner": chat.coverpruner(got[0].end.result)})
+
+        def build() -> dict:
+            lp = gen.top_logprobs is not None
+            usage = chat.usage([c.end.result for c in got])
+            return {
+                "id": meta.id.replace("chatcmpl-", "cmpl-"), "object": "text_completion", "created": meta.created,
+                "model": meta.model,
+                "choices": [{"index": offset + c.index, "text": c.text, "finish_reason": chat.finish_reason(c.end),
+                             "logprobs": legacy_logprobs(c.logprobs, state.token_text) if lp else None}
+                            for c in got],
+                "usage": _legacy_usage(usage), "coverpruner": chat.coverpruner(got[0].end.result)}
+
+        return await chat.json_answer(got, gen, build)
 
     async def stream(state, job, gen, event, meta, timer=None):
         cid = meta.id.replace("chatcmpl-", "cmpl-")
@@ -161,23 +173,44 @@ def completion_render(chat, offset: int = 0):
 
 
 async def completions(request: Request, body: dict, serve, chat):
-    """POST /v1/completions: one serve() per prompt (concurrently), merged into one answer."""
+    """POST /v1/completions: one serve() per prompt (concurrently), merged into one answer. A list is admitted
+    whole or not at all: longer than the server's capacity (chat.capacity(): requests admitted at once) it is a
+    400 naming prompt, longer than the room left right now a 503 before any of it is queued; and when one
+    prompt's request fails (a 400, or a 503 lost to a request that came in between), the others are cancelled at
+    once, so the list never holds slots after its answer."""
     bodies = completion_bodies(body)
     arrived = time.monotonic()
     reqs = [chat.validate_chat(b) for b in bodies]
     n = reqs[0].n or 1
     if len(reqs) == 1:
         return await serve(request, reqs[0], arrived, completion_render(chat))
-    answers = await asyncio.gather(*(serve(request, r, arrived, completion_render(chat, i * n))
-                                     for i, r in enumerate(reqs)))
+    capacity, free = chat.capacity()
+    if len(reqs) > capacity:
+        raise bad_request(f"prompt holds {len(reqs)} prompts; this server admits at most {capacity} requests at once "
+                          "(--workers x --max-batch + --max-queue), so the list could never be answered: send at "
+                          f"most {capacity} prompts per request", "prompt")
+    if len(reqs) > free:
+        raise APIError(503, f"server busy: {len(reqs)} prompts need {len(reqs)} free places, {free} are free; retry "
+                            "later", None, "queue_full")
+    tasks = [asyncio.ensure_future(serve(request, r, arrived, completion_render(chat, i * n)))
+             for i, r in enumerate(reqs)]
+    try:
+        answers = await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:  # after a failure: stop the other prompts' requests now, not at their end
+            t.cancel()
     if any(a.status_code != 200 for a in answers):  # a client that went away
         return next(a for a in answers if a.status_code != 200)
-    parts = [json.loads(a.body) for a in answers]
-    merged = parts[0]
-    merged["choices"] = [c for p in parts for c in p["choices"]]
-    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        merged["usage"][key] = sum(p["usage"][key] for p in parts)
-    return JSONResponse(merged)
+
+    def merge() -> bytes:  # in a worker thread: the parts may hold many logprob entries each
+        parts = [json.loads(a.body) for a in answers]
+        merged = parts[0]
+        merged["choices"] = [c for p in parts for c in p["choices"]]
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            merged["usage"][key] = sum(p["usage"][key] for p in parts)
+        return json_body.dumps(merged)
+
+    return Response(await run_in_threadpool(merge), media_type="application/json")
 
 
 # -- /v1/responses ------------------------------------------------------------------------------------

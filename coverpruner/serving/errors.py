@@ -23,6 +23,9 @@ ERROR_STATUS = {
     "too_many_images": (400, "invalid_request_error", "messages"),
     "too_many_parts": (400, "invalid_request_error", "messages"),
     "invalid_value": (400, "invalid_request_error", None),
+    "grammar_too_complex": (400, "invalid_request_error", "response_format"),
+    # one answer's logits were NaN: the decoder's fault, that request alone
+    "sampling_failed": (500, "server_error", None),
     # the engine dir changed on disk or cannot run: the server's fault, not the request's
     "invalid_engine_dir": (500, "server_error", None),
 }

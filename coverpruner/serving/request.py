@@ -118,6 +118,8 @@ def answer_fields(req: ChatCompletionRequest) -> tuple[int, int | None]:
 def _check_text(texts, param: str) -> None:
     """Text must be encodable as UTF-8: JSON lets a lone surrogate (\\ud800) through, the tokenizer does not."""
     for text in texts:
+        if text.isascii():  # O(1) in CPython: no surrogate (encoding a 40 MB text held the GIL 50 ms)
+            continue
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:

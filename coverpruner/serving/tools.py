@@ -14,6 +14,10 @@ The tools are not rendered into the prompt (the chat templates of the served fam
 the grammar alone makes the call well-formed, so a model chooses the arguments from the conversation and the
 tool's name. The answer is one ``tool_calls`` entry (id, type "function", function {name, arguments: the JSON
 text}) with finish_reason "tool_calls"; cut short by max_tokens it keeps the partial arguments and says "length".
+
+Bounded before any compile: at most MAX_TOOLS tools (OpenAI's own bound), each checked for its shape; only the
+tools the tool_choice can reach are compiled (a named one: that tool; "required": each of them), each schema within
+runtime.grammar's size limits and compiled once per distinct schema (its cache).
 """
 
 from __future__ import annotations
@@ -23,7 +27,15 @@ import uuid
 from dataclasses import dataclass, field
 
 from coverpruner.runtime.errors import OptionError
-from coverpruner.serving.errors import bad_request
+from coverpruner.runtime.grammar import MAX_SCHEMA_CHARS, MAX_SCHEMA_NODES, check_schema_size
+from coverpruner.serving.errors import bad_request, from_pipeline_error
+
+#: most tools in one request (OpenAI's limit); counted before any tool is read
+MAX_TOOLS = 128
+#: most JSON values over all tools (names, descriptions, parameter schemas), counted while the body is read
+#: (serving.app.body_caps) and before any tool is looked at: the reached tools' schemas are within
+#: runtime.grammar.MAX_SCHEMA_NODES each, the others are never compiled but are still sent and parsed
+MAX_TOOLS_VALUES = 8 * MAX_SCHEMA_NODES
 
 #: a tool without ``parameters`` takes no arguments (OpenAI: an empty parameter list)
 _NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
@@ -42,9 +54,11 @@ class ToolPlan:
 
 def plan(req, compiler) -> ToolPlan | None:
     """The request's tools and tool_choice -> its ToolPlan, or None when no call is forced (no tools, "none").
-    Each tool's parameters are compiled by ``compiler`` (runtime.grammar.GrammarCompiler) here, so a bad schema is
-    a 400 naming tools[i].function.parameters. 400 naming the field for a malformed tool or choice, an unknown
-    named tool, "auto", and a response_format beside a forced call."""
+    400 naming the field for too many tools, a malformed tool or choice, an unknown named tool, "auto", and a
+    response_format beside a forced call; then each tool the choice reaches is compiled by ``compiler``
+    (runtime.grammar.GrammarCompiler), so a bad or too large schema is a 400 naming tools[i].function.parameters.
+    The plan's own grammar (several tools: their union) is compiled by the caller (serving.app) before the
+    request is queued."""
     tools, choice = req.tools, req.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"
@@ -52,17 +66,18 @@ def plan(req, compiler) -> ToolPlan | None:
         return None
     if not tools:
         raise bad_request(f"tool_choice {choice!r} needs tools", "tool_choice")
-    params = {}
+    if len(tools) > MAX_TOOLS:
+        raise bad_request(f"tools holds {len(tools):,} tools; at most {MAX_TOOLS}", "tools")
+    try:
+        check_schema_size(tools, "tools", MAX_TOOLS_VALUES + 1, 16 * MAX_SCHEMA_CHARS)  # + the list itself
+    except OptionError as exc:
+        raise from_pipeline_error(exc) from None
+    params, index = {}, {}
     for i, tool in enumerate(tools):
         name, schema = _tool(tool, f"tools[{i}]")
         if name in params:
             raise bad_request(f"tools[{i}].function.name {name!r} is given twice", f"tools[{i}].function.name")
-        try:
-            compiler.compile(_format(name, schema))
-        except OptionError as exc:
-            raise bad_request(f"tools[{i}].function.parameters: {str(exc).removeprefix('response_format ')}",
-                              f"tools[{i}].function.parameters") from None
-        params[name] = schema
+        params[name], index[name] = schema, i
     if choice == "auto":
         raise bad_request("tool_choice 'auto' is not supported: this server calls a tool only when the request "
                           "forces one (tool_choice 'required' or {'type': 'function', 'function': {'name': ...}}); "
@@ -71,20 +86,27 @@ def plan(req, compiler) -> ToolPlan | None:
         raise bad_request("response_format cannot be combined with a forced tool call (the call's arguments are the "
                           "answer's format)", "response_format")
     if choice == "required":
-        if len(params) == 1:
-            (named,) = params
-            return ToolPlan(list(params), named, _format(named, params[named]))
-        calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                  "properties": {"name": {"const": n}, "arguments": s}} for n, s in params.items()]
-        return ToolPlan(list(params), None, _format("tool_call", {"anyOf": calls}))
-    named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
-        raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
-                          f"{{'name': ...}}}}, got {choice!r}", "tool_choice")
-    if named not in params:
-        raise bad_request(f"tool_choice names {named!r}, which is not among the tools {sorted(params)}",
-                          "tool_choice.function.name")
-    return ToolPlan(list(params), named, _format(named, params[named]))
+        reached = list(params)
+    else:
+        named = (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+        if not isinstance(choice, dict) or choice.get("type") != "function" or not isinstance(named, str):
+            raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or {{'type': 'function', 'function': "
+                              f"{{'name': ...}}}}, got {choice!r}", "tool_choice")
+        if named not in params:
+            raise bad_request(f"tool_choice names {named!r}, which is not among the tools {sorted(params)}",
+                              "tool_choice.function.name")
+        reached = [named]
+    for name in reached:
+        where = f"tools[{index[name]}].function.parameters"
+        try:
+            compiler.compile(_format(name, params[name]), param=where)
+        except OptionError as exc:
+            raise from_pipeline_error(exc) from None
+    if len(reached) == 1:
+        return ToolPlan(list(params), reached[0], _format(reached[0], params[reached[0]]))
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": n}, "arguments": params[n]}} for n in reached]
+    return ToolPlan(list(params), None, _format("tool_call", {"anyOf": calls}))
 
 
 def _tool(tool, where: str) -> tuple[str, dict]:

@@ -162,3 +162,31 @@ def test_option_defaults_are_checked_then_recorded(tiny_checkpoint, tmp_path, ca
         assert man["family"] == "llava_mirror" and man["options"] == {"mirror": "yes"}
     finally:
         families.get_family.cache_clear()
+
+
+def test_progress_in_a_log_is_a_line_per_stage(tiny_checkpoint, tmp_path, capsys):
+    """Issue 40: export's bar, refreshed every second, wrote one endless line of carriage-return redraws into a
+    non-terminal log (transformers' "Loading weights" bar too). Into a pipe (capsys: not a TTY) each stage is one
+    plain line."""
+    out = tmp_path / "eng"
+    assert export_main(["--model", str(tiny_checkpoint), "--output", str(out), "--graphs", "embed,probe"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err, err[:300]
+    lines = err.strip().splitlines()
+    assert [ln.split(" (")[0] for ln in lines] == ["export: load model: stage 1/4", "export: embed: stage 2/4",
+                                                   "export: probe: stage 3/4", "export: manifest: stage 4/4",
+                                                   "export: done, 4/4 stages"], lines
+
+
+def test_stage_bar_is_tqdm_on_a_terminal():
+    import io
+
+    from coverpruner.progress import StageLines, stage_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert not isinstance(stage_bar(3, "x", file=Terminal()), StageLines)
+    assert isinstance(stage_bar(3, "x", file=io.StringIO()), StageLines)
+    assert stage_bar(3, "x", enabled=False, file=io.StringIO()).disable

@@ -11,8 +11,9 @@ from urllib.parse import urlparse
 
 
 def post(base: str, body: bytes | str | dict, timeout: float = 60,
-         path: str = "/v1/chat/completions") -> tuple[int, dict | str, float]:
-    """POST ``body`` -> (status, parsed JSON body or raw text, seconds taken)."""
+         path: str = "/v1/chat/completions", parse: bool = True) -> tuple[int, dict | str | bytes, float]:
+    """POST ``body`` -> (status, parsed JSON body or raw text, seconds taken); with parse=False the raw bytes (a
+    caller timing the server from this process parses a 20 MB answer after, not while, it measures)."""
     if isinstance(body, dict):
         body = json.dumps(body)
     if isinstance(body, str):
@@ -28,6 +29,8 @@ def post(base: str, body: bytes | str | dict, timeout: float = 60,
         return -1, repr(exc), time.monotonic() - t0
     finally:
         conn.close()
+    if not parse:
+        return resp.status, raw, time.monotonic() - t0
     try:
         data = json.loads(raw)
     except ValueError:

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (["{engine}", "--max-queue", "-1"], "--max-queue must be >= 0"),
     (["{engine}", "--budget", "0"], "budget must be a positive integer or 'full', got '0'"),
     (["{engine}", "--method", "magic"], "unknown method 'magic'"),
-    (["{engine}", "--workers", "two"], "invalid int value: 'two'"),
+    (["{engine}", "--workers", "two"], "invalid integer value: 'two'"),
     (["{engine}", "--max-video-bytes", "0"], "--max-video-bytes must be >= 1"),
     (["{engine}", "--max-video-frames", "1"], "--max-video-frames must be >= 2"),
     (["{engine}", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),

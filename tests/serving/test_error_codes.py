@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 
 from coverpruner.errors import (CODES, CoverPrunerError, ImageError, ManifestError, OptionError, PromptError,
-                                VideoError)
+                                SamplingError, VideoError)
 from coverpruner.serving import ServerConfig, create_app
 from coverpruner.serving.errors import ERROR_STATUS
 from tests.serving.conftest import data_url, serve_app, user_message
@@ -32,6 +32,8 @@ EXPECTED = {
     "too_many_parts": (PromptError, None, 400, "invalid_request_error", "messages"),
     "video_too_large": (VideoError, None, 400, "invalid_request_error", "messages"),
     "invalid_engine_dir": (ManifestError, None, 500, "server_error", None),
+    "grammar_too_complex": (OptionError, None, 400, "invalid_request_error", "response_format"),
+    "sampling_failed": (SamplingError, None, 500, "server_error", None),
 }
 
 
@@ -100,9 +102,10 @@ def test_option_param_is_named_in_body_terms(app_url, demo_png, monkeypatch):
 
 
 def test_default_codes_per_class():
-    assert [c("x").code for c in (CoverPrunerError, ManifestError, ImageError, VideoError, PromptError, OptionError)] \
+    assert [c("x").code for c in (CoverPrunerError, ManifestError, ImageError, VideoError, PromptError, OptionError,
+                                  SamplingError)] \
         == ["invalid_request", "invalid_engine_dir", "invalid_image", "invalid_video", "invalid_prompt",
-            "invalid_value"]
+            "invalid_value", "sampling_failed"]
     assert PromptError("x", code="too_many_images", param="messages").param == "messages"
     with pytest.raises(TypeError):
         OptionError("x", "tau")  # code and param are keyword-only

@@ -245,10 +245,12 @@ def _write_quantized(directory: Path, stage: Path, manifest: dict, opts: QuantOp
     """Quantize each graph of `directory` into `stage` and point `manifest`'s graph entries at the new files (in
     memory; the caller writes the manifest into the stage). The entry's other facts (decoder form, rotary) stay as
     exported. Returns ({graph: its quantization record}, {graph: float bytes}, {graph: quantized bytes})."""
-    from tqdm.auto import tqdm
+    from coverpruner.progress import stage_bar
 
     records, before, after = {}, {}, {}
-    for g in tqdm(opts.graphs, desc="quantize", unit="graph", disable=not progress):
+    bar = stage_bar(len(opts.graphs), "quantize", unit="graph", enabled=progress)  # a line per graph in a log
+    for g in opts.graphs:
+        bar.set_description(f"quantize: {g}")
         entry = manifest["graphs"][g]
         try:
             model = onnx.load(str(directory / entry["file"]))  # with external data
@@ -267,6 +269,8 @@ def _write_quantized(directory: Path, stage: Path, manifest: dict, opts: QuantOp
         # facts (decoder form, rotary, contract v4's decoder extras) stay as exported
         manifest["graphs"][g] = {**entry, **graph_entry(saved)}
         after[g] = graph_bytes(stage, manifest["graphs"][g])
+        bar.update()
+    bar.close()
     return records, before, after
 
 

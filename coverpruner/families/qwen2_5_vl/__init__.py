@@ -3,7 +3,7 @@ vision graph's window tables (vision.py), all numpy; the export-time torch visio
 torch). Image preprocessing and M-RoPE positions are shared with Qwen3-VL (families/qwen_vl.py)."""
 
 from coverpruner.families.contract import FamilyEntry
-from coverpruner.families.qwen2_5_vl.family import IMAGE_SIZE_OPTION, Qwen25VLFamily
+from coverpruner.families.qwen2_5_vl.family import Qwen25VLFamily
 from coverpruner.families.qwen2_5_vl.runtime import IMAGE_TOKEN, QwenRuntime
 
 # Found by the registry (families/__init__.py): adapter, HF model types, coverpruner-export aliases.
@@ -12,4 +12,4 @@ FAMILY = FamilyEntry("coverpruner.families.qwen2_5_vl:Qwen25VLFamily", ("qwen2_5
     "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
 })
 
-__all__ = ["FAMILY", "IMAGE_SIZE_OPTION", "IMAGE_TOKEN", "Qwen25VLFamily", "QwenRuntime"]
+__all__ = ["FAMILY", "IMAGE_TOKEN", "Qwen25VLFamily", "QwenRuntime"]

@@ -20,36 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import ExportSpec, RequestOption
+from coverpruner.families.contract import ExportSpec
 from coverpruner.families.hf import chat_layout, text_dims
 from coverpruner.families.qwen_vl import QwenImageSettings
-from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, QwenVLFamily, video_options
+from coverpruner.families.qwen_vl_base import IMAGE_OPTIONS, IMAGE_TOKEN, QwenVLFamily, video_options
 from coverpruner.families.qwen2_5_vl.runtime import QwenRuntime
 from coverpruner.families.qwen2_5_vl.video import DEFAULT_MAX_VIDEO_FRAMES
 from coverpruner.families.qwen2_5_vl.vision import VISION_INPUTS, vision_inputs
-
-
-def parse_image_size(value):
-    """'WxH' or (W, H) -> (W, H) ints; ValueError (one line) otherwise. Whether the processor's rules allow the
-    size is checked with the checkpoint's limits when the image is prepared."""
-    if isinstance(value, str):
-        parts = value.lower().split("x")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"image_size must be WIDTHxHEIGHT in pixels (e.g. 1008x1008), got {value!r}")
-        return int(parts[0]), int(parts[1])
-    try:
-        w, h = value
-    except (TypeError, ValueError):
-        raise ValueError(f"image_size must be (width, height) in pixels, got {value!r}") from None
-    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in (w, h)):
-        raise ValueError(f"image_size must be (width, height) in whole pixels, got {value!r}")
-    return int(w), int(h)
-
-
-IMAGE_SIZE_OPTION = RequestOption(
-    name="image_size", parse=parse_image_size, metavar="WxH",
-    help="Qwen2.5-VL: resize the image to exactly W x H (e.g. 1008x1008 = 1,296 visual tokens); both sides multiples "
-         "of 28 px within the checkpoint's pixel limits. Default: the processor's smart resize.")
 
 
 VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION = video_options("Qwen2.5-VL", DEFAULT_MAX_VIDEO_FRAMES)
@@ -60,7 +37,7 @@ class Qwen25VLFamily(QwenVLFamily):
 
     name = "qwen2_5_vl"
     model_class = "Qwen2_5_VLForConditionalGeneration"
-    request_options = (IMAGE_SIZE_OPTION, VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
+    request_options = (*IMAGE_OPTIONS, VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
     support_files = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                      "preprocessor_config.json", "chat_template.jinja", "chat_template.json",
                      "generation_config.json")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from coverpruner.families.contract import VisionInputs
-from coverpruner.families.qwen_vl import QwenImageSettings, native_positions, preprocess_qwen_image
+from coverpruner.families.qwen_vl import QwenImageSettings, native_positions
 from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLRuntime
 from coverpruner.families.qwen2_5_vl.video import (DEFAULT_MAX_VIDEO_FRAMES, preprocess_qwen_video, sampled_frames,
                                                    video_cost)
@@ -37,7 +37,7 @@ class QwenRuntime(QwenVLRuntime):
         """Vision feeds (VISION_INPUTS; pixel_values [N, 1176] in the graph's float dtype), n = gh*gw/merge^2,
         and one picture panel: the merged-patch grid (28x28 px cells of the resized image), which covers the
         whole original image (the resize keeps everything)."""
-        img = preprocess_qwen_image(image, self.settings, image_size=options.get("image_size"))
+        img = self.image(image, options)
         feeds = vision_inputs(img.pixel_values.astype(self.float_dtype, copy=False), img.grid_thw, self.merge,
                               self.window, self.patch)
         panel = self.grid_panel(img.grid_thw, img.resized, img.original, "resized image")

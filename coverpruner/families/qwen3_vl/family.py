@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coverpruner.families.contract import DecoderExtra, DecoderSpec, ExportSpec
 from coverpruner.families.hf import HFFamily, chat_layout, text_dims
-from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, QwenVLFamily, video_options
+from coverpruner.families.qwen_vl_base import IMAGE_OPTIONS, IMAGE_TOKEN, QwenVLFamily, video_options
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
 from coverpruner.families.qwen3_vl.runtime import Qwen3VLRuntime, extra_names
 from coverpruner.families.qwen3_vl.video import DEFAULT_MAX_VIDEO_FRAMES, Qwen3VideoSettings
@@ -38,7 +38,7 @@ class Qwen3VLFamily(QwenVLFamily):
     name = "qwen3_vl"
     model_class = "Qwen3VLForConditionalGeneration"
     mrope_interleaved = True
-    request_options = (VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
+    request_options = (*IMAGE_OPTIONS, VIDEO_WINDOW_OPTION, MAX_VIDEO_FRAMES_OPTION)
     support_files = HFFamily.support_files + ("video_preprocessor_config.json",)
 
     def runtime(self, manifest) -> Qwen3VLRuntime:

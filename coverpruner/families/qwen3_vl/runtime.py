@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from coverpruner.families.contract import VisionInputs
-from coverpruner.families.qwen_vl import native_positions, preprocess_qwen_image
+from coverpruner.families.qwen_vl import native_positions
 from coverpruner.families.qwen_vl_base import IMAGE_TOKEN, VIDEO_TOKEN, QwenVLRuntime
 from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
 from coverpruner.families.qwen3_vl.video import (DEFAULT_MAX_VIDEO_FRAMES, Qwen3VideoSettings, placeholder,
@@ -41,7 +41,7 @@ class Qwen3VLRuntime(QwenVLRuntime):
     def prepare_image(self, image, options: dict) -> VisionInputs:
         """Vision feeds (VISION_INPUTS; pixel_values [N, 1536] in the graph's float dtype), n = gh*gw/4, and one
         picture panel: the merged-patch grid (32x32 px cells of the resized image) over the whole image."""
-        img = preprocess_qwen_image(image, self.settings)
+        img = self.image(image, options)
         feeds = vision_inputs(img.pixel_values.astype(self.float_dtype, copy=False), img.grid_thw, self.merge,
                               self.num_position_embeddings)
         panel = self.grid_panel(img.grid_thw, img.resized, img.original, "resized image")
