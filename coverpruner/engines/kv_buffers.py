@@ -58,18 +58,18 @@ class HostKV:
             for a in pair:
                 a[dst, :, :n] = a[src, :, :n]
 
-    def read(self, slot: int, n: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        """Copies of slot's first n tokens: (keys, values), per layer [1, H_kv, n, hd]."""
-        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, :n]) for pair in self.kv)
-        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, :n]) for pair in self.kv)
+    def read(self, slot: int, n: int, start: int = 0) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Copies of slot's tokens start..start+n-1: (keys, values), per layer [1, H_kv, n, hd]."""
+        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, start:start + n]) for pair in self.kv)
+        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, start:start + n]) for pair in self.kv)
         return keys, values
 
-    def write(self, slot: int, keys, values) -> None:
-        """Slot's first n tokens from per-layer [1, H_kv, n, hd] arrays."""
+    def write(self, slot: int, keys, values, start: int = 0) -> None:
+        """Slot's tokens start..start+n-1 from per-layer [1, H_kv, n, hd] arrays."""
         for pair, k, v in zip(self.kv, keys, values):
             n = k.shape[2]
-            pair[0][slot, :, :n] = k[0]
-            pair[1][slot, :, :n] = v[0]
+            pair[0][slot, :, start:start + n] = k[0]
+            pair[1][slot, :, start:start + n] = v[0]
 
 
 class CudaKV:
@@ -126,26 +126,30 @@ class CudaKV:
                 self._copy(self._slot_ptr(buf, dst), pitch, self._slot_ptr(buf, src), pitch, n, "d2d")
         self.stream.synchronize()
 
-    def read(self, slot: int, n: int):
+    def read(self, slot: int, n: int, start: int = 0):
         pitch = self.capacity * self.hd * self.item
+        skip = start * self.hd * self.item  # token `start` of each head's run
         out = ([], [])
         for pair in self.kv:
             for j, buf in enumerate(pair):
                 host = np.empty((1, self.h, n, self.hd), self.dtype)
-                self._copy(host.ctypes.data, n * self.hd * self.item, self._slot_ptr(buf, slot), pitch, n, "d2h")
+                self._copy(host.ctypes.data, n * self.hd * self.item, self._slot_ptr(buf, slot) + skip, pitch, n,
+                           "d2h")
                 out[j].append(host)
         self.stream.synchronize()
         return tuple(out[0]), tuple(out[1])
 
-    def write(self, slot: int, keys, values) -> None:
+    def write(self, slot: int, keys, values, start: int = 0) -> None:
         pitch = self.capacity * self.hd * self.item
+        skip = start * self.hd * self.item
         hosts = []  # kept alive until the stream is done with them
         for pair, k, v in zip(self.kv, keys, values):
             for buf, a in zip(pair, (k, v)):
                 a = np.ascontiguousarray(a, self.dtype)
                 hosts.append(a)
                 n = a.shape[2]
-                self._copy(self._slot_ptr(buf, slot), pitch, a.ctypes.data, n * self.hd * self.item, n, "h2d")
+                self._copy(self._slot_ptr(buf, slot) + skip, pitch, a.ctypes.data, n * self.hd * self.item, n,
+                           "h2d")
         self.stream.synchronize()
 
 
