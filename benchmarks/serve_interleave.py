@@ -10,8 +10,9 @@ coverpruner-serve worker, in one run.
              TTFT it is compared with. Rounds alternate idle and loaded (round-robin: a slow spell of a shared
              machine hits both alike).
 
-Per stream: the gaps between consecutive tokens; its median gap over the whole stream and its worst gap during the
-admission (any gap that overlaps the interval from the newcomer's send to its first token). The acceptance reads
+Per stream: the gaps between consecutive tokens; its median gap outside the admission (the gaps that end before the
+newcomer's send or start after its first token: the stream's normal pace) and its worst gap during the admission
+(any gap that overlaps the interval from the newcomer's send to its first token). The acceptance reads
 worst / median <= 2.5 for every stream and loaded / idle TTFT <= 2.
 """
 
@@ -29,8 +30,8 @@ import numpy as np
 STREAMS = 3
 STREAM_BUDGET = 64
 STREAM_TOKENS = 400
-WARM_TOKENS = 12
-AFTER_TOKENS = 8  # tokens each stream must still send after the newcomer's first token before they are closed
+WARM_TOKENS = 16
+AFTER_TOKENS = 16  # tokens each stream must still send after the newcomer's first token before they are closed
 PROMPT = "Describe this picture in detail."
 NEW_PROMPT = "What is in this image?"
 
@@ -120,11 +121,13 @@ def loaded_round(url: str, image_url: str, seed: int) -> dict:
     streams = []
     for ts in times:
         gaps = np.diff(ts)
-        mids = [(a, b) for a, b in zip(ts[:-1], ts[1:])]
-        during = [g for g, (a, b) in zip(gaps, mids) if b > new["send"] and a < new["first"]]
-        median = float(statistics.median(gaps))
+        spans = list(zip(ts[:-1], ts[1:]))
+        during = [g for g, (a, b) in zip(gaps, spans) if b > new["send"] and a < new["first"]]
+        normal = [g for g, (a, b) in zip(gaps, spans) if b <= new["send"] or a >= new["first"]]
+        median = float(statistics.median(normal[1:]))  # the first gap waits for the others' admissions
         worst = float(max(during)) if during else float("nan")
-        streams.append({"tokens": len(ts), "median_gap_s": median, "worst_gap_during_admission_s": worst,
+        streams.append({"tokens": len(ts), "median_gap_s": median, "normal_gaps": len(normal) - 1,
+                        "worst_gap_during_admission_s": worst,
                         "worst_over_median": worst / median, "t": [t - new["send"] for t in ts]})
     return {"newcomer": {"ttft_s": new["ttft_s"], "admission_s": [0.0, new["first"] - new["send"]]},
             "streams": streams}
@@ -167,16 +170,16 @@ def plot(path, data: dict) -> None:
         for i, s in enumerate(r["streams"]):
             t = np.asarray(s["t"])
             ax.plot(t[1:], np.diff(t) * 1e3, ".-", color=f"C{i}", lw=0.8, ms=3,
-                    label=f"stream {i}: median {s['median_gap_s'] * 1e3:.0f} ms, worst during admission "
+                    label=f"stream {i}: median outside {s['median_gap_s'] * 1e3:.0f} ms, worst during admission "
                           f"{s['worst_gap_during_admission_s'] * 1e3:.0f} ms ({s['worst_over_median']:.2f}x)")
         ax.set_xlabel("seconds from the newcomer's send")
         ax.set_ylabel("gap to previous token (ms)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     m = data["measure"]
-    fig.suptitle(f"{STREAMS} streams decoding while an image request is admitted ({data['setup']})\n"
+    fig.suptitle(f"{STREAMS} streams decoding while a new 576-token image is admitted; "
                  f"newcomer TTFT {m['median_loaded_ttft_s']:.2f} s vs idle {m['median_idle_ttft_s']:.2f} s "
-                 f"({m['ttft_loaded_over_idle']:.2f}x); worst gap / median {m['worst_gap_over_median']:.2f}x",
-                 fontsize=9)
+                 f"({m['ttft_loaded_over_idle']:.2f}x); worst gap / normal median {m['worst_gap_over_median']:.2f}x\n"
+                 f"{data['setup']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

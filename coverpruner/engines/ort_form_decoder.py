@@ -19,6 +19,8 @@ numpy + onnxruntime only.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
@@ -60,10 +62,11 @@ class KVSlots:
                            self.interleaved)
 
     def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
-            extras: dict | None = None) -> np.ndarray:
+            extras: dict | None = None, lane: int = 0) -> np.ndarray:
         """Append S tokens to slots first..first+count-1: embeds float [count, S, d], positions one int64 [R, S]
         per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given) -> logits
-        float32 [count, V] of each slot's last new token."""
+        float32 [count, V] of each slot's last new token. lane: the calling thread's rotary table (kv_buffers.LANES:
+        calls on other slots may run meanwhile from another thread with another lane)."""
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
         total = self.lengths[slots] + s
@@ -81,7 +84,8 @@ class KVSlots:
         binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
         # this call's rotary rows only, entry b's at b*S..b*S+S-1 (its keys are stored rotated: the cached
         # tokens' rows are never read again)
-        self.buffers.bind_rotary(binding, np.concatenate([c for c, _ in rows]), np.concatenate([n for _, n in rows]))
+        self.buffers.bind_rotary(binding, np.concatenate([c for c, _ in rows]), np.concatenate([n for _, n in rows]),
+                                 lane)
         binding.bind_cpu_input("rotary_row", (np.arange(count, dtype=np.int64) * s)[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
         self.buffers.bind_kv(binding, first, count, self.names)
@@ -245,6 +249,11 @@ class BatchDecoder:
     its own cache; tests/export/test_ortform_decoder.py). ``join`` / ``admit`` are open + extend for one request /
     several.
 
+    Staging: another thread may prefill one request at a time beside the steps (``stage`` reserves the highest free
+    slot, outside the packed active slots every step runs; ``stage_append`` / ``stage_extend`` fill it on the
+    second rotary lane; ``join_staged`` moves it to the active slots from the stepping thread; ``unstage`` gives it
+    up). Only the staged slot is touched from the other thread; the bookkeeping is locked.
+
     max_batch: slots; capacity: tokens per request (prompt + generated); the cache is
     num_layers x 2 x [max_batch, H_kv, capacity, hd] in the graph's float dtype, allocated once, on `device`
     ('cpu', or 'cuda' for the CUDA provider with an fp16 ORT-form graph: nothing but the new rows and the logits
@@ -259,6 +268,19 @@ class BatchDecoder:
         self.max_batch, self.capacity = max_batch, capacity
         self._order: list[int] = []  # handle of each active slot, slot i = self._order[i]
         self._next = 0
+        self._staged: int | None = None  # the slot another thread prefills (the highest free one), if any
+        self._reserved = 0  # slots promised to forks to come (open / join_staged ``reserve``)
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        """Slots neither active, staged nor reserved."""
+        return self.max_batch - len(self._order) - (self._staged is not None) - self._reserved
+
+    def _take(self, count: int) -> None:
+        if count > self.free:
+            raise ValueError(f"batch is full ({self.max_batch} requests, {self.free} free, {count} asked); leave one "
+                             "first")
 
     @property
     def active(self) -> list[int]:
@@ -269,18 +291,65 @@ class BatchDecoder:
         """Tokens request `handle` has in the cache."""
         return int(self._slots.lengths[self._order.index(handle)])
 
-    def open(self, prefix: KVSnapshot | None = None) -> int:
-        """Take a free slot for a new request, empty or holding ``prefix`` -> its handle. ValueError (one line) when
-        every slot is taken or the prefix does not fit."""
-        if len(self._order) >= self.max_batch:
-            raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
-        slot = len(self._order)
-        self._slots.lengths[slot] = 0
-        if prefix is not None:
-            self._slots.restore(slot, prefix)
-        handle, self._next = self._next, self._next + 1
-        self._order.append(handle)
+    def open(self, prefix: KVSnapshot | None = None, reserve: int = 0) -> int:
+        """Take a free slot for a new request, empty or holding ``prefix``, and promise ``reserve`` more to its forks
+        -> its handle. ValueError (one line) when the slots do not suffice or the prefix does not fit."""
+        with self._lock:
+            self._take(1 + reserve)
+            self._reserved += reserve
+            slot = len(self._order)
+            self._slots.lengths[slot] = 0
+            if prefix is not None:
+                self._slots.restore(slot, prefix)
+            handle, self._next = self._next, self._next + 1
+            self._order.append(handle)
         return handle
+
+    def stage(self) -> int | None:
+        """Reserve the highest free slot for a request another thread prefills beside the steps -> its slot index;
+        None when no slot is free or one is staged already."""
+        with self._lock:
+            if self._staged is not None or self.free < 1:
+                return None
+            self._staged = self.max_batch - 1  # the top slot: the active ones are packed below it
+            self._slots.lengths[self._staged] = 0
+            return self._staged
+
+    def stage_append(self, keys, values) -> None:
+        """Cached rows after the staged slot's (a prefix block), from the staging thread."""
+        self._slots.append(self._staged, keys, values)
+
+    def stage_extend(self, embeds: np.ndarray, positions: np.ndarray, extras: dict | None = None) -> None:
+        """Prompt rows into the staged slot (embeds float [S, d], positions int64 [R, S], decoder extras {name:
+        [S, d]} or None), in one call on the second rotary lane, from the staging thread."""
+        self._slots.run(self._staged, 1, np.asarray(embeds)[None], [positions],
+                        {k: v[None] for k, v in extras.items()} if extras else None, lane=1)
+
+    def stage_read(self, start: int, stop: int) -> tuple[tuple, tuple]:
+        """Host copies of the staged slot's rows start..stop-1 (as ``read``), from the staging thread."""
+        return self._slots.read(self._staged, start, stop)
+
+    def join_staged(self, reserve: int = 0) -> int:
+        """The staged request joins the active slots (its rows moved next to them unless the batch is now full and
+        it is there already) and ``reserve`` slots are promised to its forks -> its handle. From the stepping thread,
+        once the staging thread is done with it."""
+        with self._lock:
+            self._take(reserve)
+            self._reserved += reserve
+            src, dst = self._staged, len(self._order)
+            if src != dst:
+                self._slots.move(src, dst)
+            self._staged = None
+            handle, self._next = self._next, self._next + 1
+            self._order.append(handle)
+        return handle
+
+    def unstage(self) -> None:
+        """Give the staged slot up (its request was cancelled or failed)."""
+        with self._lock:
+            if self._staged is not None:
+                self._slots.lengths[self._staged] = 0
+            self._staged = None
 
     def append(self, handle: int, keys, values) -> None:
         """Cached rows after request ``handle``'s: per layer keys / values [1, H_kv, n, hd] (a stored prefix block,
@@ -339,21 +408,27 @@ class BatchDecoder:
                 groups.append(group)
         return groups
 
+    def unreserve(self, count: int) -> None:
+        """Give back slots promised to forks that will not come (their request ended first)."""
+        with self._lock:
+            self._reserved -= count
+
     def fork(self, handle: int, count: int) -> list[int]:
         """Copy request ``handle``'s cached rows into ``count`` new slots (n answers of one prompt; a copy inside the
-        cache's memory, no forward) -> their handles."""
-        if len(self._order) + count > self.max_batch:
-            raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
-                             f"{count} asked); leave one first")
-        src, out = self._order.index(handle), []
-        for _ in range(count):
-            dst = len(self._order)
-            self._slots.lengths[dst] = 0
-            self._slots.buffers.copy_slot(src, dst, int(self._slots.lengths[src]))
-            self._slots.lengths[dst] = self._slots.lengths[src]
-            out.append(self._next)
-            self._order.append(self._next)
-            self._next += 1
+        cache's memory, no forward; reserved slots are used first) -> their handles."""
+        with self._lock:
+            used = min(count, self._reserved)
+            self._reserved -= used
+            self._take(count - used)
+            src, out = self._order.index(handle), []
+            for _ in range(count):
+                dst = len(self._order)
+                self._slots.lengths[dst] = 0
+                self._slots.buffers.copy_slot(src, dst, int(self._slots.lengths[src]))
+                self._slots.lengths[dst] = self._slots.lengths[src]
+                out.append(self._next)
+                self._order.append(self._next)
+                self._next += 1
         return out
 
     def join(self, inputs_embeds: np.ndarray, positions: np.ndarray,
@@ -377,9 +452,7 @@ class BatchDecoder:
         its answer. ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted)."""
         k = len(inputs)
         prefixes = list(prefixes) if prefixes is not None else [None] * k
-        if len(self._order) + k > self.max_batch:
-            raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
-                             f"{k} asked); leave one first")
+        self._take(k)
         need = max((0 if p is None else p.length) + len(e) + 1 for (e, *_), p in zip(inputs, prefixes))
         if need > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
@@ -413,11 +486,12 @@ class BatchDecoder:
         return {h: logits[i] for i, h in enumerate(self._order)}
 
     def leave(self, handle: int) -> None:
-        """Drop request `handle`; the last slot moves into its place so the active slots stay packed."""
-        slot = self._order.index(handle)
-        last = len(self._order) - 1
-        if slot != last:
-            self._slots.move(last, slot)
-            self._order[slot] = self._order[last]
-        self._slots.lengths[last] = 0
-        self._order.pop()
+        """Drop request `handle`; the last active slot moves into its place so the active slots stay packed."""
+        with self._lock:
+            slot = self._order.index(handle)
+            last = len(self._order) - 1
+            if slot != last:
+                self._slots.move(last, slot)
+                self._order[slot] = self._order[last]
+            self._slots.lengths[last] = 0
+            self._order.pop()

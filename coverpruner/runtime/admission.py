@@ -9,10 +9,16 @@ each on its own intra-op threads (runtime/model.py: the decode and the admission
     for job in admission.collect(limit, wait):   # the jobs whose stages ended (cancelled ones are dropped)
         ...
 
+With ``stage`` (the engine's, for a batch of slots), the worker then also prefills the request's rows but the last
+into a slot of its own beside the steps (runtime/engine.py ``Engine._stage``): on a CPU, ONNX Runtime's attention
+takes a prompt's rows after a cached prefix only one request per call, so a prefill cannot share the decode step's
+call, and a second call per step reads every weight again; a prefill on its own thread overlaps the decode steps
+instead (compute-bound beside memory-bound), and the request joins the steps for its last row.
+
 A cancelled job (``job.cancelled`` set by Engine.cancel) is dropped before its stages start and at every stage
-boundary (between images and video chunks too): ``check`` raises ``Cancelled`` there. ``threaded=False`` runs the
-stages in the caller's thread when ``collect`` asks for jobs (at most ``limit``): the library's synchronous calls
-(Pipeline.generate, batch_generate), which have nothing to overlap them with.
+boundary (between images, video chunks and prefill chunks too): ``check`` raises ``Cancelled`` there.
+``threaded=False`` runs the stages in the caller's thread when ``collect`` asks for jobs (at most ``limit``): the
+library's synchronous calls (Pipeline.generate, batch_generate), which have nothing to overlap them with.
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ class Cancelled(Exception):
 class Admission:
     """Prepares submitted jobs (see the module docstring); capacity: the KV tokens a batch slot holds (None: any)."""
 
-    def __init__(self, inputs: InputProcessor, capacity: int | None = None, threaded: bool = False):
+    def __init__(self, inputs: InputProcessor, capacity: int | None = None, threaded: bool = False, stage=None):
         self.inputs, self.capacity, self.threaded = inputs, capacity, threaded
+        self.stage = stage if threaded else None  # stage(job, check): the prefill beside the steps
         self._waiting: deque = deque()  # inline: jobs not started
         self._done: queue.SimpleQueue = queue.SimpleQueue()  # threaded: jobs whose stages ended
         self._todo: queue.SimpleQueue = queue.SimpleQueue()  # threaded: jobs to prepare (None: stop)
@@ -57,9 +64,10 @@ class Admission:
         self._todo.put(job)
 
     def collect(self, limit: int, wait: float = 0.0) -> list:
-        """The jobs whose stages ended since the last call (``.prepared`` or ``.error`` set); cancelled ones are
-        left out. Threaded: waits up to ``wait`` seconds for the first when none has ended (``limit`` is the
-        worker's business: it prepares every job in turn). Inline: prepares up to ``limit`` waiting jobs now."""
+        """The jobs whose stages ended since the last call (``.prepared`` or ``.error`` set, or cancelled meanwhile:
+        the caller undoes what they hold). Threaded: waits up to ``wait`` seconds for the first when none has ended
+        (``limit`` is the worker's business: it prepares every job in turn). Inline: prepares up to ``limit``
+        waiting jobs now."""
         out = []
         if not self.threaded:
             while self._waiting and len(out) < limit:
@@ -77,7 +85,7 @@ class Admission:
             pass
         with self._lock:
             self._busy -= len(out)
-        return [job for job in out if not job.cancelled]
+        return out
 
     def close(self) -> None:
         """Stop the worker (after the job it is preparing)."""
@@ -91,6 +99,8 @@ class Admission:
 
         try:
             job.prepared = self.inputs.prepare(job.request, self.capacity, check)
+            if self.stage is not None:
+                self.stage(job, check)
         except Cancelled:
             pass
         except Exception as exc:  # noqa: BLE001 - the request fails alone (its error event, from the engine)

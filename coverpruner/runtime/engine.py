@@ -9,7 +9,9 @@
 A request's way through:
 
     submit     -> the admission worker (runtime/admission.py): native sequence, vision, probe, selection, the pruned
-                  rows (runtime/inputs.py), beside the decode steps (threaded) or when the step asks (inline)
+                  rows (runtime/inputs.py), beside the decode steps (threaded) or when the step asks (inline); with
+                  a batch of slots and a worker thread it also prefills the rows but the last into a staging slot
+                  beside the steps (``_stage``: cached prefix blocks written in, the rest in chunks of STAGE_ROWS)
     ready      -> its rows' block keys (runtime/prefix_cache.BlockChain) and the longest cached prefix, held
     each step: Scheduler.plan(running answers, ready/prefilling requests, free slots) -> StepPlan
                (runtime/scheduler.py: running decodes first, then prefill chunks under the step's token budget)
@@ -61,6 +63,9 @@ from coverpruner.runtime.text import StreamDecoder
 #: tokens one step of a batched engine runs when not told (decodes + prefill chunk rows): a step near one decode
 #: step's time (measured: benchmarks/bench_serve.py --interleave, docs/performance.md)
 DEFAULT_MAX_STEP_TOKENS = 32
+#: rows of one prefill call on the admission worker's thread (staging): each call reads every weight once, so
+#: large; between calls a cancel is seen
+STAGE_ROWS = 256
 
 
 @dataclass
@@ -97,6 +102,7 @@ class _Job:
     blocks: list = field(default_factory=list)  # the cached prefix it restores (held)
     cached: int = 0
     done: int = 0
+    staged: bool = False  # its rows but the last are in the slots' staging slot (prefilled by the admission worker)
     handle: int = -1  # its first answer's slot once started
     forks: list = field(default_factory=list)  # the slots of its answers 1..n-1 (copied at its last prompt row)
     t_prefill: float = 0.0
@@ -166,7 +172,7 @@ class Engine:
         self.model, self.inputs, self.cache, self.slots = model, inputs, cache, slots
         self.max_batch, self.capacity = slots.max_batch, capacity
         self.scheduler = Scheduler(max_step_tokens if slots.batched else None, self.max_batch)
-        self.admission = Admission(inputs, capacity, threaded)
+        self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None)
         self._jobs: dict[int, _Job] = {}  # every request not finished, by id
         self._ready: list[_Job] = []  # prepared or prefilling, in arrival order
         self._running: dict[tuple[int, int], _Answer] = {}  # (request id, answer index) -> its answer
@@ -261,7 +267,11 @@ class Engine:
         events: list[EngineEvent] = []
         idle = not self._running and not self._ready
         for job in self.admission.collect(self._free_slots(), wait if idle else 0.0):
-            if job.rid not in self._jobs:  # cancelled meanwhile
+            if job.rid not in self._jobs:  # cancelled meanwhile: what its admission took goes back
+                if job.staged:
+                    self.slots.unstage()
+                self.cache.release(job.blocks)
+                job.blocks = []
                 continue
             if job.error is not None:
                 self._end(job)
@@ -278,7 +288,7 @@ class Engine:
         first, failed = self._prefill(chunks)  # first: {rid: logits [V]} of LoopSlots' final chunks
         for job, exc in failed:
             events.append(EngineEvent(job.rid, error=exc))
-        chunks = [(job, c) for job, c in chunks if job.rid in self._jobs]
+        chunks = [(job, c) for job, c in chunks if job.rid in self._jobs and job.started]
         feeds = self._decode_feeds(running, chunks)
         try:
             logits = self.slots.decode(feeds) if feeds else {}
@@ -299,44 +309,85 @@ class Engine:
 
     # -- entering, planning ------------------------------------------------------------------------
     def _free_slots(self) -> int:
-        """Slots no request holds nor has reserved (a started request with n answers reserves n)."""
-        held = sum(job.request.n for job in self._ready if job.started)
-        return self.max_batch - len(self._running) - held
+        """Slots no request holds nor has reserved (a started request with n answers reserves n - 1 for its forks;
+        the admission worker's staged request holds one)."""
+        return self.slots.free
 
-    def _enter(self, job: _Job) -> None:
-        """A prepared request joins the ready list: its block chain and the longest cached prefix (held)."""
+    def _match(self, job: _Job) -> None:
+        """The request's block chain and the longest cached prefix of it (held)."""
         prepared = job.prepared
         if prepared.identity is not None:
             job.chain = BlockChain(prepared.identity)
             job.blocks = self.cache.match(job.chain, prepared.length - 1)
             job.cached = job.done = len(job.blocks) * _block_rows(job.blocks)
+
+    def _enter(self, job: _Job) -> None:
+        """A prepared request joins the ready list (its prefix matched, unless its staging did)."""
+        if not job.staged:
+            self._match(job)
         self._ready.append(job)
 
     @staticmethod
     def _pending(job: _Job) -> Pending:
-        return Pending(job.rid, job.prepared.length, job.done, job.request.n, job.started)
+        """A staged request waits only for the slots of its forks (it holds its own)."""
+        slots = job.request.n - 1 if job.staged else job.request.n
+        return Pending(job.rid, job.prepared.length, job.done, slots, job.started)
+
+    def _stage(self, job: _Job, check) -> None:
+        """On the admission worker's thread: the request's cached prefix and its rows but the last into the slots'
+        staging slot (waiting for it to be free), in calls of STAGE_ROWS rows with ``check`` (cancel) between, and
+        their blocks into the prefix cache; the engine's next step joins it (its last row rides the decode call).
+        Undone on cancel or error."""
+        prepared = job.prepared
+        self._match(job)
+        reserved = False
+        try:
+            while not self.slots.stage(job.blocks):
+                check()
+                time.sleep(0.005)
+            reserved = True
+            job.t_prefill = time.perf_counter()
+            while job.done < prepared.length - 1:
+                check()
+                stop = min(job.done + STAGE_ROWS, prepared.length - 1)
+                self.slots.stage_rows(Rows(-1, prepared.embeds(job.done, stop), prepared.positions[:, job.done:stop],
+                                           prepared.extras(job.done, stop)))
+                job.done = stop
+            if job.chain is not None:  # its prompt's blocks, shared from here, copied on this thread
+                self.cache.insert(job.chain, job.done, self.slots.stage_read, job.blocks)
+            job.staged = True
+        except BaseException:
+            if reserved:
+                self.slots.unstage()
+            self.cache.release(job.blocks)
+            job.blocks = []
+            raise
 
     # -- execute -----------------------------------------------------------------------------------
     def _prefill(self, chunks: list) -> tuple[dict, list]:
         """Open the slots of the requests that start, then run every chunk's rows (one slots.prefill call; BatchSlots
         leaves each chunk's last row to the decode call) -> ({rid: logits of a LoopSlots final chunk}, [(job, error)]
         of the requests it failed)."""
-        items, failed = [], []
+        items, failed, by_handle = [], [], {}
         for job, chunk in chunks:
-            prepared = job.prepared
+            prepared, forks = job.prepared, job.request.n - 1
+            if not job.started and self.slots.free < forks + (not job.staged):
+                continue  # the admission worker staged a request since the plan: this one starts next step
             try:
-                if not job.started:
+                if job.staged:
+                    job.handle, job.staged = self.slots.join_staged(forks), False
+                elif not job.started:
                     job.t_prefill = time.perf_counter()
-                    job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens)
+                    job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens, forks)
             except Exception as exc:  # noqa: BLE001 - this request's slot could not be opened
                 self._end(job)
                 failed.append((job, exc))
                 continue
             items.append(Rows(job.handle, prepared.embeds(chunk.start, chunk.stop),
                               prepared.positions[:, chunk.start:chunk.stop], prepared.extras(chunk.start, chunk.stop)))
+            by_handle[job.handle] = job
         if not items:
             return {}, failed
-        by_handle = {job.handle: job for job, _ in chunks if job.rid in self._jobs}
         try:
             out = self.slots.prefill(items)
         except Exception as exc:  # noqa: BLE001 - a failed prefill call fails the requests it carried
@@ -492,6 +543,10 @@ class Engine:
             self._ready.remove(job)
             for handle in ([job.handle, *job.forks] if job.started else []):
                 self.slots.leave(handle)
+            if job.started and not job.forks and job.request.n > 1:
+                self.slots.unreserve(job.request.n - 1)
+            if job.staged:
+                self.slots.unstage()
         for key in [k for k in self._running if k[0] == job.rid]:
             answer = self._running.pop(key)
             self.slots.leave(answer.handle)

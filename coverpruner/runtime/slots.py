@@ -12,6 +12,10 @@ or up to max_batch over an ORT-form BatchDecoder (``BatchSlots``). One interface
 is nothing to share a call with); BatchSlots leaves every chunk's last row out of the prefill call (logits None)
 for the engine to feed in the step's one decode call, beside the other requests' rows, and needs every request
 that holds a slot fed in that call (engines.ort_form_decoder.BatchDecoder.step).
+
+BatchSlots can also stage (``stages``): the admission worker prefills a request's rows into a slot of its own, one
+request at a time, on its thread, while the engine keeps stepping the active slots; ``join_staged`` then makes it an
+active slot (runtime/admission.py, runtime/engine.py).
 """
 
 from __future__ import annotations
@@ -42,15 +46,18 @@ class LoopSlots:
 
     max_batch = 1
     batched = False
+    stages = False
 
     def __init__(self, decoder, position_rank: int):
         self.decoder, self.rank = decoder, position_rank
+        self.free = 1
 
-    def open(self, prefix: list[Block], capacity: int) -> int:
-        """Reset the cache to ``capacity`` tokens and restore the prefix blocks -> handle 0."""
+    def open(self, prefix: list[Block], capacity: int, reserve: int = 0) -> int:
+        """Reset the cache to ``capacity`` tokens and restore the prefix blocks -> handle 0 (no forks: reserve 0)."""
         self.decoder.reset(capacity)
         if prefix:
             self.decoder.restore(join_blocks(prefix))
+        self.free = 0
         return 0
 
     def prefill(self, items: list[Rows]) -> dict[int, np.ndarray]:
@@ -78,7 +85,8 @@ class LoopSlots:
         return self.decoder.length
 
     def leave(self, handle: int) -> None:
-        """Nothing to free: the next request resets the cache."""
+        """Nothing to free in the cache: the next request resets it."""
+        self.free = 1
 
 
 class BatchSlots:
@@ -86,13 +94,44 @@ class BatchSlots:
     allocated once)."""
 
     batched = True
+    stages = True
 
     def __init__(self, decoder: BatchDecoder):
         self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
 
-    def open(self, prefix: list[Block], capacity: int) -> int:
-        """A free slot with the prefix blocks written into it, block by block (no joined copy)."""
-        handle = self.decoder.open()
+    @property
+    def free(self) -> int:
+        return self.decoder.free
+
+    def stage(self, prefix: list[Block]) -> bool:
+        """Reserve the staging slot and write the prefix blocks into it (the admission worker's thread); False when
+        no slot is free or another request is staged."""
+        if self.decoder.stage() is None:
+            return False
+        for block in prefix:
+            self.decoder.stage_append(block.keys, block.values)
+        return True
+
+    def stage_rows(self, rows: Rows) -> None:
+        """Prompt rows into the staging slot, in one call (the admission worker's thread)."""
+        self.decoder.stage_extend(np.asarray(rows.embeds, np.float32), rows.positions, rows.extras)
+
+    def stage_read(self, start: int, stop: int) -> tuple[tuple, tuple]:
+        return self.decoder.stage_read(start, stop)
+
+    def join_staged(self, reserve: int = 0) -> int:
+        return self.decoder.join_staged(reserve)
+
+    def unstage(self) -> None:
+        self.decoder.unstage()
+
+    def unreserve(self, count: int) -> None:
+        self.decoder.unreserve(count)
+
+    def open(self, prefix: list[Block], capacity: int, reserve: int = 0) -> int:
+        """A free slot with the prefix blocks written into it, block by block (no joined copy), and ``reserve``
+        slots promised to its forks."""
+        handle = self.decoder.open(reserve=reserve)
         for block in prefix:
             self.decoder.append(handle, block.keys, block.values)
         return handle
