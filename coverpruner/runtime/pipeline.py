@@ -80,11 +80,8 @@ class Pipeline:
 
     def __init__(self, model: Model, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB):
         self.model = model
-        #: pruned-prefix KV blocks, vision outputs and selections of earlier requests (runtime/prefix_cache.py)
-        self.prefix_cache = PrefixCache(int(_check_cache_mb(prefix_cache_mb) * 2 ** 20))
         self.requests = RequestBuilder(model)
-        self.inputs = InputProcessor(model, self.prefix_cache)
-        self._engine: Engine | None = None  # generate / stream / chat: one slot, built on first use
+        self.prefix_cache = PrefixCache(int(_check_cache_mb(prefix_cache_mb) * 2 ** 20))
         self._slots = LoopSlots(model.decoder, model.family_runtime.position_rank)  # the stages prefill / decode
 
     @classmethod
@@ -117,6 +114,18 @@ class Pipeline:
         _check_cache_mb(prefix_cache_mb)
         return cls(Model.load(path, provider, threads, session_factory, verify, selector, admission_threads),
                    prefix_cache_mb)
+
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        """Pruned-prefix KV blocks, vision outputs and selections of earlier requests (runtime/prefix_cache.py)."""
+        return self._cache
+
+    @prefix_cache.setter
+    def prefix_cache(self, cache: PrefixCache) -> None:
+        """Another cache for the stages and the engines built from here on (e.g. a benchmark's on / off runs)."""
+        self._cache = cache
+        self.inputs = InputProcessor(self.model, cache)
+        self._engine: Engine | None = None  # generate / stream / chat: one slot, built on first use
 
     # -- what the parts know, under the facade's names ----------------------------------------------
     @property
@@ -301,8 +310,7 @@ class Pipeline:
         (the server's workers: threaded, its admission on a worker thread beside the decode steps): max_batch 1
         runs on the model's own DecoderLoop (any decoder form), more on a BatchDecoder of ``max_batch`` slots of
         ``capacity`` KV tokens (ORT-form decoder), max_step_tokens tokens a step (runtime/scheduler.py)."""
-        return Engine.build(self.model, self.inputs, self.prefix_cache, max_batch, capacity, max_step_tokens,
-                            threaded)
+        return Engine.build(self.model, self.inputs, self._cache, max_batch, capacity, max_step_tokens, threaded)
 
     def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
                        ) -> list[GenerationResult]:
