@@ -96,11 +96,6 @@ class NativeSequence:
         extras."""
         return {name: values[rows] for name, values in self.extras.items()} or None
 
-    def extras_of(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
-        """The decoder extras of the fed rows (int64 [S] native indices): {name: float [1, S, d]}, gathered with the
-        same rows as the embeddings (the ``extras=`` of a DecoderLoop / BatchDecoder prefill); None without extras."""
-        return {name: values[rows][None] for name, values in self.extras.items()} or None
-
     def candidates_of(self, j: int) -> np.ndarray:
         """int64 [n_j]: image j's candidates' sequence indices (the probe's visual columns)."""
         return self.layout.image_spans[j][self.spans[j].candidates]
