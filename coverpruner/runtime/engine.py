@@ -440,20 +440,25 @@ class Engine:
         with BatchSlots its prompt's blocks go into the prefix cache now (a concurrent request with the same prefix
         finds them)."""
         prepared, request = job.prepared, job.request
-        self._ready.remove(job)
-        if self.slots.batched and job.chain is not None:
-            self._insert(job.handle, job.chain, prepared.length, job.blocks)
         now = time.perf_counter()
         answers = []
-        for index, handle in enumerate([job.handle, *job.forks]):
-            times = dict(prepared.timings)
-            times["prefill"] += now - job.t_prefill
-            held = self._hold_copy(job.blocks)  # each answer holds the prompt's blocks until it ends
-            answer = _Answer(job, index, handle, dataclasses.replace(prepared.state), Sampler(request.sampling, index),
-                             StreamDecoder(self.model.encoder), StopMatcher(request.stop),
-                             GrammarMatcher(request.grammar) if request.grammar is not None else None,
-                             _copy_chain(job.chain), held, times, t_decode=now)
-            answers.append(answer)
+        try:  # the request's own: a failure here (its grammar's parser, its blocks) ends it alone
+            if self.slots.batched and job.chain is not None:
+                self._insert(job.handle, job.chain, prepared.length, job.blocks)
+            for index, handle in enumerate([job.handle, *job.forks]):
+                times = dict(prepared.timings)
+                times["prefill"] += now - job.t_prefill
+                answers.append(_Answer(job, index, handle, dataclasses.replace(prepared.state),
+                                       Sampler(request.sampling, index), StreamDecoder(self.model.encoder),
+                                       StopMatcher(request.stop),
+                                       GrammarMatcher(request.grammar) if request.grammar is not None else None,
+                                       _copy_chain(job.chain), [], times, t_decode=now))
+        except Exception as exc:  # noqa: BLE001
+            self._end(job)
+            return [EngineEvent(job.rid, error=exc)]
+        self._ready.remove(job)
+        for answer in answers:
+            answer.held = self._hold_copy(job.blocks)  # each answer holds the prompt's blocks until it ends
             self._running[answer.key] = answer
         self.cache.release(job.blocks)  # now held by its answers
         job.blocks = []

@@ -108,8 +108,12 @@ class BatchSlots:
         no slot is free or another request is staged."""
         if self.decoder.stage() is None:
             return False
-        for block in prefix:
-            self.decoder.stage_append(block.keys, block.values)
+        try:
+            for block in prefix:
+                self.decoder.stage_append(block.keys, block.values)
+        except BaseException:
+            self.decoder.unstage()
+            raise
         return True
 
     def stage_rows(self, rows: Rows) -> None:
