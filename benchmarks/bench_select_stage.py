@@ -244,7 +244,7 @@ def main(argv=None) -> int:
             if b == "numpy":
                 for name, sec in numpy_parts(v, relevance, BUDGET, request.tau).items():
                     parts[b][name].append(sec)
-    keeps = {b: pipe.select(request, native).keep for b, pipe in pipes.items()}
+    keeps = {b: pipe.select(request, native).images[0].keep for b, pipe in pipes.items()}
     parts_ms = {b: {k: median_ms(ts) for k, ts in d.items()} for b, d in parts.items()}
     if "onnx" in pipes:
         prof = onnx_profile(first.manifest.root / "selector.onnx", span.features, relevance, BUDGET, request.tau,

@@ -13,11 +13,13 @@ openai client from C threads (C = concurrency) over loopback.
     python benchmarks/bench_serve.py --loop --new-tokens 128              # engine loop: 8 at once, turn-2 TTFT
     python benchmarks/bench_serve.py --fork 4 --new-tokens 16             # n=4 vs 4 separate requests (serve_fork.py)
     python benchmarks/bench_serve.py --grammar                            # 8 json_schema streams vs 8 plain
+    python benchmarks/bench_serve.py --interleave                         # 3 streams while a 576-token image is
+                                                                          # admitted (serve_interleave.py)
 
 The engines are built under --workdir on first use and reused (the 7B one as in bench_pipeline.py).
 Writes benchmarks/results/serve_<tag>.json and .png (--streams: serve_streams_<tag>.json and .png; --loop:
 serve_loop_<tag>.json and .png; --fork: serve_fork_<tag>.json and .png; --grammar: serve_grammar_<tag>.json and
-.png).
+.png; --interleave: serve_interleave_<tag>.json and .png).
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "coverpruner.serving.cli", str(engine), "--port", str(self.port),
                "--threads", str(threads), "--model-name", "bench", "--max-queue", "64", "--log-level", "warning",
-               *(BATCHED if mode == "batched" else MODES[mode]), *extra]
+               *(BATCHED if mode == "batched" else MODES.get(mode, ["--workers", "1"])), *extra]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         t0 = time.monotonic()
         self.proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT)
@@ -256,8 +258,15 @@ def main(argv=None) -> int:
     grammar = p.add_argument_group("constrained output (--grammar): 8 streams with a json_schema vs 8 without, "
                                    "round-robin, through one batched server (benchmarks/serve_grammar.py)")
     grammar.add_argument("--grammar", action="store_true", help="run only this measurement")
+    inter = p.add_argument_group("admission beside decoding (--interleave): streams decoding while an image request "
+                                 "of a new picture at budget full is admitted (benchmarks/serve_interleave.py)")
+    inter.add_argument("--interleave", action="store_true", help="run only this measurement")
+    inter.add_argument("--interleave-rounds", type=int, default=2, help="loaded / idle rounds, alternating")
+    inter.add_argument("--server-args", default="", help="extra coverpruner-serve flags (e.g. '--max-step-tokens 16')")
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
+    if args.interleave:
+        return main_interleave(args, argv)
     if args.fork is not None:
         return main_fork(args, argv)
     if args.grammar:
@@ -386,6 +395,39 @@ def main_loop(args, argv) -> int:
     print(f"8 at once: {data['throughput']['x_one_request']:.2f}x one request; turn-2 TTFT cache on "
           f"{on['median_ttft_s']:.2f} s vs off {off['median_ttft_s']:.2f} s = {data['ttft']['x_cache']:.2f}x; "
           f"answers equal: {data['ttft']['answers_equal']}; load {data['load_average_1min']}")
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def main_interleave(args, argv) -> int:
+    """--interleave: benchmarks/serve_interleave.py on the LLaVA-1.5-7B-width fp32 (ORT-form) engine, 2 layers."""
+    import onnxruntime
+
+    import serve_interleave
+    from bench_pipeline import prepare as prepare_real
+
+    engine = prepare_real(args.workdir, 2, "fp32")
+    extra = ("--max-batch", "8", "--batch-context", "1024", "--request-timeout", "0", *args.server_args.split())
+    setup = f"coverpruner-serve ENGINE --workers 1 --threads {args.threads} {' '.join(extra)}"
+    load0 = os.getloadavg()[0]
+    server = Server(engine, "interleave", _logs(args.workdir) / "interleave.log", threads=args.threads, extra=extra)
+    try:
+        serve_interleave.newcomer(server.url, 1)  # warm-up: ORT arenas, first-run kernel choice
+        measured = serve_interleave.measure(server.url, _demo_image_url(), args.interleave_rounds)
+    finally:
+        server.stop()
+    data = {"benchmark": "serve_interleave",
+            "command": "python benchmarks/bench_serve.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": str(engine), "setup": setup,
+            "streams": serve_interleave.STREAMS, "stream_budget": serve_interleave.STREAM_BUDGET,
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__},
+            "measure": measured, "load_average_1min": [load0, os.getloadavg()[0]]}
+    out = ROOT / "benchmarks" / "results" / f"serve_interleave_{args.tag or 'cpu'}.json"
+    _write_json(out, data)
+    serve_interleave.plot(out.with_suffix(".png"), data)
+    print(f"worst gap during an admission / median gap: {measured['worst_gap_over_median']:.2f}x; newcomer TTFT "
+          f"{measured['median_loaded_ttft_s']:.2f} s vs idle {measured['median_idle_ttft_s']:.2f} s = "
+          f"{measured['ttft_loaded_over_idle']:.2f}x; load {data['load_average_1min']}")
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
 

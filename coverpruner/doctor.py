@@ -274,10 +274,8 @@ def _answers(engine_dir: Path, provider: str, **load) -> list[int]:
 def answer_steps(pipe, jobs: list[dict], max_batch: int = 1, capacity: int | None = None) -> list[list]:
     """Each job's greedy answer as its per-step TokenLogprob (token, log-probability, the TOP_LOGPROBS best),
     decoded through the runtime's Engine alone (max_batch 1) or side by side in max_batch slots."""
-    from coverpruner.runtime.engine import Engine
-
-    engine = Engine.for_pipeline(pipe, max_batch=max_batch, capacity=capacity)
-    rids = [engine.submit(pipe.request(**job), top_logprobs=TOP_LOGPROBS) for job in jobs]
+    engine = pipe.engine(max_batch, capacity)
+    rids = [engine.submit(pipe.request(**job, logprobs=True, top_logprobs=TOP_LOGPROBS)) for job in jobs]
     steps: dict[int, list] = {rid: [] for rid in rids}
     while engine.pending:
         for event in engine.step():

@@ -2,9 +2,11 @@
 (CUDA provider), behind one small interface that engines/ort_form_decoder.KVSlots drives.
 
 Both hold, per layer, a key and a value buffer [B, H_kv, C, hd] in the graph's float dtype (float32 or float16)
-and one cos / sin table of R = max(C, B) rows [R, hd/2]: a call's rows are written at its start (row b*S + s for
-entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length rows, and a
-call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each).
+and LANES cos / sin tables of R = max(C, B) rows [R, hd/2]: a call's rows are written at its table's start (row
+b*S + s for entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length
+rows, and a call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each). Each
+thread that runs calls has a lane (a table) of its own: the engine loop's decode steps (lane 0) and the admission
+worker's prefill of a request into a slot beside them (lane 1) run at the same time on different slots.
 
 Slot b of a buffer is the contiguous [H_kv, C, hd] block at offset b*H_kv*C*hd, so slots first..first+count-1 are
 one [count, H_kv, C, hd] tensor: bound as both past and present (GroupQueryAttention's
@@ -22,6 +24,9 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+#: rotary tables, one per thread that runs decoder calls (0: the engine loop, 1: the admission worker's prefill)
+LANES = 2
+
 
 class HostKV:
     """KV slots and rotary table in numpy arrays (the CPU provider reads and writes them in place)."""
@@ -35,8 +40,9 @@ class HostKV:
         #: [layer][key/value] -> [B, H_kv, C, hd]
         self.kv = [[np.zeros(shape, dtype) for _ in range(2)] for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        self.cos = np.zeros((self.rows, head_dim // 2), dtype)
-        self.sin = np.zeros_like(self.cos)
+        self.tables = [(np.zeros((self.rows, head_dim // 2), dtype), np.zeros((self.rows, head_dim // 2), dtype))
+                       for _ in range(LANES)]
+        self.cos, self.sin = self.tables[0]
 
     def bind_kv(self, binding, first: int, count: int, names) -> None:
         """Bind slots first..first+count-1 of every layer as past and present (names: [(past, present)] in
@@ -46,30 +52,31 @@ class HostKV:
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
-        """Write this call's rows (cos, sin [n, hd/2]) at the table's start and bind the table."""
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0) -> None:
+        """Write this call's rows (cos, sin [n, hd/2]) at the start of the lane's table and bind the table."""
         n = len(cos)
-        self.cos[:n], self.sin[:n] = cos, sin
-        binding.bind_cpu_input("rotary_cos", self.cos)
-        binding.bind_cpu_input("rotary_sin", self.sin)
+        table_cos, table_sin = self.tables[lane]
+        table_cos[:n], table_sin[:n] = cos, sin
+        binding.bind_cpu_input("rotary_cos", table_cos)
+        binding.bind_cpu_input("rotary_sin", table_sin)
 
     def copy_slot(self, src: int, dst: int, n: int) -> None:
         for pair in self.kv:
             for a in pair:
                 a[dst, :, :n] = a[src, :, :n]
 
-    def read(self, slot: int, n: int) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        """Copies of slot's first n tokens: (keys, values), per layer [1, H_kv, n, hd]."""
-        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, :n]) for pair in self.kv)
-        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, :n]) for pair in self.kv)
+    def read(self, slot: int, n: int, start: int = 0) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """Copies of slot's tokens start..start+n-1: (keys, values), per layer [1, H_kv, n, hd]."""
+        keys = tuple(np.ascontiguousarray(pair[0][slot:slot + 1, :, start:start + n]) for pair in self.kv)
+        values = tuple(np.ascontiguousarray(pair[1][slot:slot + 1, :, start:start + n]) for pair in self.kv)
         return keys, values
 
-    def write(self, slot: int, keys, values) -> None:
-        """Slot's first n tokens from per-layer [1, H_kv, n, hd] arrays."""
+    def write(self, slot: int, keys, values, start: int = 0) -> None:
+        """Slot's tokens start..start+n-1 from per-layer [1, H_kv, n, hd] arrays."""
         for pair, k, v in zip(self.kv, keys, values):
             n = k.shape[2]
-            pair[0][slot, :, :n] = k[0]
-            pair[1][slot, :, :n] = v[0]
+            pair[0][slot, :, start:start + n] = k[0]
+            pair[1][slot, :, start:start + n] = v[0]
 
 
 class CudaKV:
@@ -92,9 +99,11 @@ class CudaKV:
         self.kv = [[cudart.DeviceBuffer(batch * self.slot_elems * self.item) for _ in range(2)]
                    for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        self.cos = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
-        self.sin = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
-        for buf in (*(b for pair in self.kv for b in pair), self.cos, self.sin):
+        table = self.rows * (head_dim // 2) * self.item
+        self.tables = [(cudart.DeviceBuffer(table), cudart.DeviceBuffer(table)) for _ in range(LANES)]
+        self.cos, self.sin = self.tables[0]
+        self.lane_streams = [self.stream] + [cudart.Stream() for _ in range(LANES - 1)]  # a lane's uploads
+        for buf in (*(b for pair in self.kv for b in pair), *(b for pair in self.tables for b in pair)):
             buf.zero(self.stream)
         self.stream.synchronize()
 
@@ -108,12 +117,13 @@ class CudaKV:
             binding.bind_input(past, "cuda", 0, self.dtype, shape, ptr)
             binding.bind_output(present, "cuda", 0, self.dtype, shape, ptr)  # same address: in-place update
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0) -> None:
         shape = [self.rows, self.hd // 2]
-        for name, buf, rows in (("rotary_cos", self.cos, cos), ("rotary_sin", self.sin, sin)):
-            buf.upload(np.ascontiguousarray(rows, self.dtype), self.stream)  # only this call's rows
+        stream = self.lane_streams[lane]
+        for name, buf, rows in zip(("rotary_cos", "rotary_sin"), self.tables[lane], (cos, sin)):
+            buf.upload(np.ascontiguousarray(rows, self.dtype), stream)  # only this call's rows
             binding.bind_input(name, "cuda", 0, self.dtype, shape, buf.ptr)
-        self.stream.synchronize()
+        stream.synchronize()
 
     def _copy(self, dst: int, dst_pitch: int, src: int, src_pitch: int, n: int, kind: str) -> None:
         """H_kv runs of n tokens (n*hd values each)."""
@@ -126,26 +136,30 @@ class CudaKV:
                 self._copy(self._slot_ptr(buf, dst), pitch, self._slot_ptr(buf, src), pitch, n, "d2d")
         self.stream.synchronize()
 
-    def read(self, slot: int, n: int):
+    def read(self, slot: int, n: int, start: int = 0):
         pitch = self.capacity * self.hd * self.item
+        skip = start * self.hd * self.item  # token `start` of each head's run
         out = ([], [])
         for pair in self.kv:
             for j, buf in enumerate(pair):
                 host = np.empty((1, self.h, n, self.hd), self.dtype)
-                self._copy(host.ctypes.data, n * self.hd * self.item, self._slot_ptr(buf, slot), pitch, n, "d2h")
+                self._copy(host.ctypes.data, n * self.hd * self.item, self._slot_ptr(buf, slot) + skip, pitch, n,
+                           "d2h")
                 out[j].append(host)
         self.stream.synchronize()
         return tuple(out[0]), tuple(out[1])
 
-    def write(self, slot: int, keys, values) -> None:
+    def write(self, slot: int, keys, values, start: int = 0) -> None:
         pitch = self.capacity * self.hd * self.item
+        skip = start * self.hd * self.item
         hosts = []  # kept alive until the stream is done with them
         for pair, k, v in zip(self.kv, keys, values):
             for buf, a in zip(pair, (k, v)):
                 a = np.ascontiguousarray(a, self.dtype)
                 hosts.append(a)
                 n = a.shape[2]
-                self._copy(self._slot_ptr(buf, slot), pitch, a.ctypes.data, n * self.hd * self.item, n, "h2d")
+                self._copy(self._slot_ptr(buf, slot) + skip, pitch, a.ctypes.data, n * self.hd * self.item, n,
+                           "h2d")
         self.stream.synchronize()
 
 

@@ -19,6 +19,8 @@ numpy + onnxruntime only.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
@@ -60,10 +62,11 @@ class KVSlots:
                            self.interleaved)
 
     def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
-            extras: dict | None = None) -> np.ndarray:
+            extras: dict | None = None, lane: int = 0) -> np.ndarray:
         """Append S tokens to slots first..first+count-1: embeds float [count, S, d], positions one int64 [R, S]
         per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given) -> logits
-        float32 [count, V] of each slot's last new token."""
+        float32 [count, V] of each slot's last new token. lane: the calling thread's rotary table (kv_buffers.LANES:
+        calls on other slots may run meanwhile from another thread with another lane)."""
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
         total = self.lengths[slots] + s
@@ -81,7 +84,8 @@ class KVSlots:
         binding.bind_cpu_input("total_sequence_length", np.array(total.max(), dtype=np.int32))
         # this call's rotary rows only, entry b's at b*S..b*S+S-1 (its keys are stored rotated: the cached
         # tokens' rows are never read again)
-        self.buffers.bind_rotary(binding, np.concatenate([c for c, _ in rows]), np.concatenate([n for _, n in rows]))
+        self.buffers.bind_rotary(binding, np.concatenate([c for c, _ in rows]), np.concatenate([n for _, n in rows]),
+                                 lane)
         binding.bind_cpu_input("rotary_row", (np.arange(count, dtype=np.int64) * s)[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
         self.buffers.bind_kv(binding, first, count, self.names)
@@ -146,11 +150,25 @@ class KVSlots:
         n = int(self.lengths[slot])
         return KVSnapshot(n, *self.buffers.read(slot, n))
 
+    def read(self, slot: int, start: int, stop: int) -> tuple[tuple, tuple]:
+        """Host copies of slot's cached tokens start..stop-1: (keys, values), per layer [1, H_kv, stop-start, hd]."""
+        if not 0 <= start <= stop <= self.lengths[slot]:
+            raise ValueError(f"slot {slot} holds {int(self.lengths[slot])} tokens; rows {start}..{stop} asked")
+        return self.buffers.read(slot, stop - start, start)
+
     def restore(self, slot: int, snap: KVSnapshot) -> None:
         """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
         check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
         self.buffers.write(slot, snap.keys, snap.values)
         self.lengths[slot] = snap.length
+
+    def append(self, slot: int, keys, values) -> None:
+        """Append cached rows to slot after its length: per layer keys / values [1, H_kv, n, hd] (a prefix block)."""
+        n, start = keys[0].shape[2], int(self.lengths[slot])
+        if start + n > self.capacity:
+            raise ValueError(f"KV cache holds {self.capacity} tokens; {start + n} requested")
+        self.buffers.write(slot, keys, values, start)
+        self.lengths[slot] = start + n
 
 
 def _positions(position_ids: np.ndarray) -> np.ndarray:
@@ -222,11 +240,19 @@ class OrtFormDecoderSession:
 class BatchDecoder:
     """Continuous batching over an ORT-form decoder (public API; runtime/engine.py drives it for Pipeline).
 
-    Requests join with their prefill (``join``: one request, its logits; ``admit``: several, each from a
-    restored prefix snapshot or empty, their last prompt rows left for the next ``step``) and from then on advances in the one batched
-    call per ``step`` that every active request shares; it leaves at any step (EOS, length, cancel) without
-    waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only its
-    own cache; tests/engines/test_batch_decoder.py).
+    A request takes a slot (``open``: empty, or holding a restored prefix; ``append``: more cached rows after it),
+    prefills its prompt rows in as many calls as it likes (``extend``: several requests' rows, one call for the
+    ones that start from an empty slot with positions that fit one rotary table, one call each for the others),
+    and from then on advances in the one batched call per ``step`` that every active request shares; ``fork``
+    copies a request's cache into new slots (n answers of one prompt); it leaves at any step (EOS, length, cancel)
+    without waiting for the others. Greedy answers equal batch-1 answers (each batch entry's attention reads only
+    its own cache; tests/export/test_ortform_decoder.py). ``join`` / ``admit`` are open + extend for one request /
+    several.
+
+    Staging: another thread may prefill one request at a time beside the steps (``stage`` reserves the highest free
+    slot, outside the packed active slots every step runs; ``stage_append`` / ``stage_extend`` fill it on the
+    second rotary lane; ``join_staged`` moves it to the active slots from the stepping thread; ``unstage`` gives it
+    up). Only the staged slot is touched from the other thread; the bookkeeping is locked.
 
     max_batch: slots; capacity: tokens per request (prompt + generated); the cache is
     num_layers x 2 x [max_batch, H_kv, capacity, hd] in the graph's float dtype, allocated once, on `device`
@@ -242,6 +268,19 @@ class BatchDecoder:
         self.max_batch, self.capacity = max_batch, capacity
         self._order: list[int] = []  # handle of each active slot, slot i = self._order[i]
         self._next = 0
+        self._staged: int | None = None  # the slot another thread prefills (the highest free one), if any
+        self._reserved = 0  # slots promised to forks to come (open / join_staged ``reserve``)
+        self._lock = threading.Lock()
+
+    @property
+    def free(self) -> int:
+        """Slots neither active, staged nor reserved."""
+        return self.max_batch - len(self._order) - (self._staged is not None) - self._reserved
+
+    def _take(self, count: int) -> None:
+        if count > self.free:
+            raise ValueError(f"batch is full ({self.max_batch} requests, {self.free} free, {count} asked); leave one "
+                             "first")
 
     @property
     def active(self) -> list[int]:
@@ -252,75 +291,174 @@ class BatchDecoder:
         """Tokens request `handle` has in the cache."""
         return int(self._slots.lengths[self._order.index(handle)])
 
+    def open(self, prefix: KVSnapshot | None = None, reserve: int = 0) -> int:
+        """Take a free slot for a new request, empty or holding ``prefix``, and promise ``reserve`` more to its forks
+        -> its handle. ValueError (one line) when the slots do not suffice or the prefix does not fit."""
+        with self._lock:
+            self._take(1 + reserve)
+            self._reserved += reserve
+            slot = len(self._order)
+            self._slots.lengths[slot] = 0
+            if prefix is not None:
+                self._slots.restore(slot, prefix)
+            handle, self._next = self._next, self._next + 1
+            self._order.append(handle)
+        return handle
+
+    def stage(self) -> int | None:
+        """Reserve the highest free slot for a request another thread prefills beside the steps -> its slot index;
+        None when no slot is free or one is staged already."""
+        with self._lock:
+            if self._staged is not None or self.free < 1:
+                return None
+            self._staged = self.max_batch - 1  # the top slot: the active ones are packed below it
+            self._slots.lengths[self._staged] = 0
+            return self._staged
+
+    def stage_append(self, keys, values) -> None:
+        """Cached rows after the staged slot's (a prefix block), from the staging thread."""
+        self._slots.append(self._staged, keys, values)
+
+    def stage_extend(self, embeds: np.ndarray, positions: np.ndarray, extras: dict | None = None) -> None:
+        """Prompt rows into the staged slot (embeds float [S, d], positions int64 [R, S], decoder extras {name:
+        [S, d]} or None), in one call on the second rotary lane, from the staging thread."""
+        self._slots.run(self._staged, 1, np.asarray(embeds)[None], [positions],
+                        {k: v[None] for k, v in extras.items()} if extras else None, lane=1)
+
+    def stage_read(self, start: int, stop: int) -> tuple[tuple, tuple]:
+        """Host copies of the staged slot's rows start..stop-1 (as ``read``), from the staging thread."""
+        return self._slots.read(self._staged, start, stop)
+
+    def join_staged(self, reserve: int = 0) -> int:
+        """The staged request joins the active slots (its rows moved next to them unless the batch is now full and
+        it is there already) and ``reserve`` slots are promised to its forks -> its handle. From the stepping thread,
+        once the staging thread is done with it."""
+        with self._lock:
+            self._take(reserve)
+            self._reserved += reserve
+            src, dst = self._staged, len(self._order)
+            if src != dst:
+                self._slots.move(src, dst)
+            self._staged = None
+            handle, self._next = self._next, self._next + 1
+            self._order.append(handle)
+        return handle
+
+    def unstage(self) -> None:
+        """Give the staged slot up (its request was cancelled or failed)."""
+        with self._lock:
+            if self._staged is not None:
+                self._slots.lengths[self._staged] = 0
+            self._staged = None
+
+    def append(self, handle: int, keys, values) -> None:
+        """Cached rows after request ``handle``'s: per layer keys / values [1, H_kv, n, hd] (a stored prefix block,
+        keys rotated as the decoder wrote them)."""
+        self._slots.append(self._order.index(handle), keys, values)
+
+    def read(self, handle: int, start: int, stop: int) -> tuple[tuple, tuple]:
+        """Host copies of request ``handle``'s cached rows start..stop-1: (keys, values) per layer [1, H_kv, n, hd]."""
+        return self._slots.read(self._order.index(handle), start, stop)
+
+    def extend(self, items: list[tuple]) -> None:
+        """Prompt rows of several requests: items (handle, embeds float [S, d], positions int64 [R, S], decoder
+        extras {name: [S, d]} or None), S >= 1, appended after each one's cached rows; no logits (a request's last
+        prompt row goes into a ``step``, whose logits start its answer).
+
+        The requests whose slots are empty prefill together in one right-padded call (KVSlots.run_prompts) when
+        their slots are next to each other and their positions are prefixes of the longest one's
+        (``shared_prompt_positions``); the others (rows after cached ones, or positions of their own, e.g. two
+        M-RoPE images of different grids) run one call each: ONNX Runtime's GroupQueryAttention (1.32, CPU) takes
+        several rows of several requests in one call only as a first prompt (otherwise "batch_size must be 1 when
+        sequence_length > 1 and past context is given"). ValueError (one line) when a slot's capacity does not
+        suffice (checked before any row runs)."""
+        slots = [self._order.index(h) for h, *_ in items]
+        for slot, (_, embeds, _, *_) in zip(slots, items):
+            if self._slots.lengths[slot] + len(embeds) > self.capacity:
+                raise ValueError(f"KV cache holds {self.capacity} tokens; "
+                                 f"{int(self._slots.lengths[slot]) + len(embeds)} requested")
+        alone = set(range(len(items)))
+        for group in self._prompt_groups(items, slots):
+            longest = max(group, key=lambda i: len(items[i][1]))
+            self._slots.run_prompts(slots[group[0]], [np.asarray(items[i][1]) for i in group], items[longest][2],
+                                    [items[i][3] if len(items[i]) > 3 else None for i in group])
+            alone -= set(group)
+        for i in sorted(alone):
+            _, embeds, positions, *extras = items[i]
+            extras = extras[0] if extras else None
+            self._slots.run(slots[i], 1, np.asarray(embeds)[None], [positions],
+                            {k: v[None] for k, v in extras.items()} if extras else None)
+
+    def _prompt_groups(self, items: list, slots: list[int]) -> list[list[int]]:
+        """The items ``extend`` prefills in one batched call each: runs of two or more whose slots are empty and
+        consecutive, and whose positions are prefixes of their run's longest one's (shared_prompt_positions)."""
+        empty = sorted((i for i, s in enumerate(slots) if self._slots.lengths[s] == 0 and len(items[i][1])),
+                       key=lambda i: slots[i])
+        runs, groups = [], []
+        for i in empty:
+            if runs and slots[i] == slots[runs[-1][-1]] + 1:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        for run in runs:
+            fit = [run[j] for j in shared_prompt_positions([items[i][2] for i in run])]
+            # a group must be consecutive slots: its fitting members from the run's first on
+            group = [i for k, i in enumerate(run) if k < len(fit) and fit[k] == i]
+            if len(group) > 1:
+                groups.append(group)
+        return groups
+
+    def unreserve(self, count: int) -> None:
+        """Give back slots promised to forks that will not come (their request ended first)."""
+        with self._lock:
+            self._reserved -= count
+
+    def fork(self, handle: int, count: int) -> list[int]:
+        """Copy request ``handle``'s cached rows into ``count`` new slots (n answers of one prompt; a copy inside the
+        cache's memory, no forward; reserved slots are used first) -> their handles."""
+        with self._lock:
+            used = min(count, self._reserved)
+            self._reserved -= used
+            self._take(count - used)
+            src, out = self._order.index(handle), []
+            for _ in range(count):
+                dst = len(self._order)
+                self._slots.lengths[dst] = 0
+                self._slots.buffers.copy_slot(src, dst, int(self._slots.lengths[src]))
+                self._slots.lengths[dst] = self._slots.lengths[src]
+                out.append(self._next)
+                self._order.append(self._next)
+                self._next += 1
+        return out
+
     def join(self, inputs_embeds: np.ndarray, positions: np.ndarray,
              extras: dict[str, np.ndarray] | None = None) -> tuple[int, np.ndarray]:
         """Prefill a new request: inputs_embeds float32 [1, S, d], positions int64 [R, S], decoder extras
         {name: float32 [1, S, d]} (contract v4; zeros for those not given) -> (handle, logits [V]).
         ValueError (one line) when every slot is taken or S exceeds the capacity."""
-        if len(self._order) >= self.max_batch:
-            raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
-        slot = len(self._order)
-        self._slots.lengths[slot] = 0
-        logits = self._slots.run(slot, 1, inputs_embeds, [positions], extras)[0]
-        handle, self._next = self._next, self._next + 1
-        self._order.append(handle)
+        handle = self.open()
+        try:
+            logits = self._slots.run(len(self._order) - 1, 1, inputs_embeds, [positions], extras)[0]
+        except Exception:
+            self.leave(handle)
+            raise
         return handle, logits
 
     def admit(self, inputs: list[tuple[np.ndarray, np.ndarray]], prefixes: list | None = None) -> list[int]:
         """Admit k new requests without their last prompt row: per request a KVSnapshot restored into its slot
-        (prefixes[i], or None) and then its rows (inputs[i]: embeds float32 [S_i, d], positions int64 [R, S_i],
-        S_i >= 0) -> handles in input order. Each request's last prompt row then goes into the next ``step``
-        beside the others' tokens, whose logits start its answer: admission costs no pass of its own beyond
-        these rows, and a request with a restored prefix up to its last row runs none.
-
-        Requests that start from an empty slot prefill together in one right-padded call (KVSlots.run_prompts)
-        when their positions are prefixes of the longest one's (_prompt_group); the others (a restored prefix,
-        or positions of their own, e.g. two M-RoPE images of different grids) run alone, batch 1: ONNX Runtime's
-        GroupQueryAttention (1.32, CPU) takes several rows of several requests in one call only as a first prompt
-        (otherwise "batch_size must be 1 when sequence_length > 1 and past context is given").
-        ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted then)."""
+        (prefixes[i], or None) and then its rows (inputs[i]: embeds float32 [S_i, d], positions int64 [R, S_i]
+        [, decoder extras {name: [S_i, d]}], S_i >= 0) -> handles in input order: ``open`` + ``extend``. Each
+        request's last prompt row then goes into the next ``step`` beside the others' tokens, whose logits start
+        its answer. ValueError (one line) when the slots or the capacity do not suffice (nothing is admitted)."""
         k = len(inputs)
         prefixes = list(prefixes) if prefixes is not None else [None] * k
-        if len(self._order) + k > self.max_batch:
-            raise ValueError(f"batch is full ({self.max_batch} requests, {self.max_batch - len(self._order)} free, "
-                             f"{k} asked); leave one first")
-        inputs = [(e, p, x[0] if x else None) for e, p, *x in inputs]  # decoder extras {name: [S_i, d]} optional
-        starts = [0 if p is None else p.length for p in prefixes]
-        need = max(st + len(e) + 1 for st, (e, _, _) in zip(starts, inputs))
+        self._take(k)
+        need = max((0 if p is None else p.length) + len(e) + 1 for (e, *_), p in zip(inputs, prefixes))
         if need > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {need} requested")
-        handles = list(range(self._next, self._next + k))
-        self._next += k
-        together = self._prompt_group(inputs, prefixes)
-        if together:  # they take the next slots, contiguous: one call
-            first = len(self._order)
-            for i in together:
-                self._slots.lengths[len(self._order)] = 0
-                self._order.append(handles[i])
-            longest = max(together, key=lambda i: len(inputs[i][0]))
-            self._slots.run_prompts(first, [np.asarray(inputs[i][0]) for i in together],
-                                    inputs[longest][1], [inputs[i][2] for i in together])
-        for i, ((embeds, positions, extras), prefix) in enumerate(zip(inputs, prefixes)):
-            if i in together:
-                continue
-            slot = len(self._order)
-            self._slots.lengths[slot] = 0
-            self._order.append(handles[i])
-            if prefix is not None:
-                self._slots.restore(slot, prefix)
-            if len(embeds):
-                self._slots.run(slot, 1, np.asarray(embeds)[None], [positions],
-                                {k: v[None] for k, v in extras.items()} if extras else None)
+        handles = [self.open(p) for p in prefixes]
+        self.extend([(h, *item) for h, item in zip(handles, inputs) if len(item[0])])
         return handles
-
-    @staticmethod
-    def _prompt_group(inputs: list, prefixes: list) -> list[int]:
-        """The requests admit prefills in one batched call: those that start from an empty slot (no restored
-        prefix: GroupQueryAttention batches several rows only as a first prompt) with at least one row, and whose
-        positions are prefixes of the longest one's (shared_prompt_positions); [] when fewer than two qualify."""
-        empty = [i for i, ((e, _, _), p) in enumerate(zip(inputs, prefixes)) if p is None and len(e)]
-        group = [empty[j] for j in shared_prompt_positions([inputs[i][1] for i in empty])]
-        return group if len(group) > 1 else []
 
     def snapshot(self, handle: int) -> KVSnapshot:
         """Host copies of request ``handle``'s cached tokens: per layer key and value [1, H_kv, P, hd]."""
@@ -348,11 +486,12 @@ class BatchDecoder:
         return {h: logits[i] for i, h in enumerate(self._order)}
 
     def leave(self, handle: int) -> None:
-        """Drop request `handle`; the last slot moves into its place so the active slots stay packed."""
-        slot = self._order.index(handle)
-        last = len(self._order) - 1
-        if slot != last:
-            self._slots.move(last, slot)
-            self._order[slot] = self._order[last]
-        self._slots.lengths[last] = 0
-        self._order.pop()
+        """Drop request `handle`; the last active slot moves into its place so the active slots stay packed."""
+        with self._lock:
+            slot = self._order.index(handle)
+            last = len(self._order) - 1
+            if slot != last:
+                self._slots.move(last, slot)
+                self._order[slot] = self._order[last]
+            self._slots.lengths[last] = 0
+            self._order.pop()

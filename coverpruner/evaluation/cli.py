@@ -42,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = run.add_argument_group("generation (greedy)")
     gen.add_argument("--max-new-tokens", type=cli_int, default=None,
                      help="answer length limit (default: the lmms-eval task's, e.g. 16 for GQA, 128 for POPE)")
+    gen.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                     help="end an answer where this string appears (repeatable; decoding stops there: the engine "
+                          "loop matches it as it decodes); default: none, as lmms-eval's llava models")
     gen.add_argument("--limit", type=cli_int, default=None, help="only the first N usable rows")
     gen.add_argument("--max-images", type=cli_int, default=None,
                      help="multi-image tasks: most images per sample; a sample with more is skipped with a line "
@@ -97,7 +100,7 @@ def cmd_run(args) -> int:
     from coverpruner.evaluation.tasks import get_task
     from coverpruner.runtime import Pipeline
 
-    from coverpruner.runtime.options import check_tau
+    from coverpruner.runtime.options import check_stop, check_tau
 
     task = get_task(args.task)
     _positive("--limit", args.limit)
@@ -105,11 +108,12 @@ def cmd_run(args) -> int:
     _positive("--max-images", args.max_images)
     if args.tau is not None:
         check_tau(args.tau)  # before anything is written: run.json must never record a NaN tau
+    stop = check_stop(args.stop) or None  # checked before anything is written, as tau
     check_out_dir(Path(args.out))
     settings = RunSettings(engine=Path(args.engine_dir), data=args.data, out=Path(args.out),
                            budgets=parse_budgets(args.budgets), methods=parse_methods(args.methods),
                            limit=args.limit, max_new_tokens=args.max_new_tokens, images=args.images, tau=args.tau,
-                           progress=not args.no_progress, max_images=args.max_images)
+                           progress=not args.no_progress, max_images=args.max_images, stop=stop)
     pipe = Pipeline.load(args.engine_dir, provider=args.provider, threads=args.threads)
     runner = Runner(pipe, task, settings)
     results = runner.run()

@@ -12,7 +12,8 @@ model_args: engine (required), budget (int or "full", default 64), method (defau
 and then the task's text (any "<image>" placeholder removed: the engine's chat template places the images),
 as one user message through ``Pipeline.chat`` (one image: exactly ``Pipeline.generate``), each image pruned to
 ``budget`` of its own tokens; greedy unless the task asks for a temperature, ``max_new_tokens`` from the task
-(1024 when it sets none, as lmms-eval's llava models), the answer cut at the task's ``until`` strings. Images
+(1024 when it sets none, as lmms-eval's llava models), the task's ``until`` strings as the request's stop strings
+(decoding ends where one appears; the answer stops before it). Images
 first is where lmms-eval's simple ``llava_hf`` model puts them ("<image> <image>\n" before the text) and where
 llava-hf's chat template renders a message's images anyway.
 """
@@ -31,19 +32,13 @@ def manifest():
 
 
 def request_options(gen_kwargs: dict) -> dict:
-    """lmms-eval generation kwargs -> Pipeline.generate options (and the stop strings)."""
+    """lmms-eval generation kwargs -> Pipeline.chat options (``until`` -> stop strings)."""
     until = gen_kwargs.get("until") or []
     until = [until] if isinstance(until, str) else list(until)
     temperature = float(gen_kwargs.get("temperature") or 0.0)
     top_p = gen_kwargs.get("top_p")
     return {"max_new_tokens": int(gen_kwargs.get("max_new_tokens") or 1024), "temperature": temperature,
-            "top_p": float(top_p) if temperature > 0 and top_p else 1.0, "until": [u for u in until if u]}
-
-
-def cut_at_stops(text: str, until: list[str]) -> str:
-    for stop in until:
-        text = text.split(stop)[0]
-    return text
+            "top_p": float(top_p) if temperature > 0 and top_p else 1.0, "stop": tuple(u for u in until if u)}
 
 
 def _build_class():
@@ -77,12 +72,11 @@ def _build_class():
                 if not visuals:
                     raise OptionError(f"{task} doc {doc_id}: no image; the coverpruner model answers image questions")
                 opts = request_options(dict(gen_kwargs))
-                until = opts.pop("until")
                 prompt = context.replace("<image>", "").strip()
                 parts = [{"type": "image", "image": v} for v in visuals] + [{"type": "text", "text": prompt}]
                 res = self.pipe.chat([{"role": "user", "content": parts}], budget=self.budget, method=self.method,
                                      tau=self.tau, max_images=self.max_images, **opts)
-                answers.append(cut_at_stops(res.text, until))
+                answers.append(res.text)
             return answers
 
         def loglikelihood(self, requests):

@@ -73,6 +73,7 @@ class RunSettings:
     tau: float | None = None
     progress: bool = True
     max_images: int | None = None  # images per sample (None: the engine's defaults.max_images)
+    stop: tuple | None = None  # stop strings (GenerationOptions.stop); None: none
 
 
 class Runner:
@@ -93,13 +94,16 @@ class Runner:
         """run.json pins what the predictions came from; a resume with other settings would mix them."""
         settings = {"task": self.task.name, "engine": str(Path(self.s.engine).resolve()),
                     "max_new_tokens": max_new_tokens, "tau": self.s.tau, "greedy": True}
+        if self.s.stop:  # recorded only when given: run files written before stop strings existed stay valid
+            settings["stop"] = list(self.s.stop)
         path = self.dir / "run.json"
         if path.exists():
             try:
                 old = json.loads(path.read_text())
             except ValueError:
                 raise DataError(f"{path}: not valid JSON; remove it or use another --out") from None
-            for key, value in settings.items():
+            for key in [*settings, *(["stop"] if "stop" in old and "stop" not in settings else [])]:
+                value = settings.get(key)
                 if old.get(key) != value:
                     raise OptionError(f"{path}: these predictions were made with {key}={old.get(key)!r}, "
                                       f"not {value!r}; use another --out")
@@ -172,7 +176,8 @@ class Runner:
                         try:
                             res = ask(GenerationOptions(budget=budget, method="coverpruner" if method == FULL
                                                         else method, tau=self.s.tau, max_new_tokens=max_new,
-                                                        temperature=0.0, max_images=self.s.max_images))
+                                                        temperature=0.0, max_images=self.s.max_images,
+                                                        stop=self.s.stop))
                         except PromptError as exc:  # the prompt does not fit the context, or too many images
                             self._report(f"{sample.where}: {exc}")
                             bar.update(len(cs) - i)
@@ -203,7 +208,7 @@ class Runner:
                   "num_visual_tokens": sum(im.num_visual_tokens for im in res.images) if multi
                   else res.num_visual_tokens,
                   "prompt_tokens": res.prompt_tokens, "prefill_tokens": res.prefill_tokens,
-                  "finish_reason": res.finish_reason,
+                  "finish_reason": res.finish_reason, "completion_tokens": len(res.token_ids),
                   "timings": {k: round(float(v), 6) for k, v in res.timings.items()}}
         if multi:
             record["images"] = [{"num_visual_tokens": int(im.num_visual_tokens),

@@ -1,504 +1,577 @@
 """The engine loop: every request, alone or with others, runs here (vLLM's EngineCore.step in spirit).
 
-    engine = Engine.for_pipeline(pipe, max_batch=8)       # max_batch 1: the Pipeline's own DecoderLoop
-    rid = engine.submit(pipe.request(image, prompt))
+    engine = pipe.engine(max_batch=8)                  # or Engine.build(model, inputs, cache, ...)
+    rid = engine.submit(pipe.chat_request(messages, stop=["</s>"]))
     while engine.pending:
-        for event in engine.step():   # EngineEvent: request id, new text piece, GenerationResult / error when done
-            ...
+        for event in engine.step():   # EngineEvent: request id, answer index, new text piece (+ logprob), and
+            ...                       # once done the GenerationResult or the request's own error
 
-One ``step`` is schedule -> run -> update, each a small named function:
+A request's way through:
 
-    admit       queued requests take the free slots: their stages (native sequence, select: per request),
-                ``plan_prefill`` (pruned rows, positions, the longest cached prefix of their row identities),
-                then ``feed_prefill``: each one's prefix restored into its slot and the rows after it (one
-                forward at batch 1; in a batch all rows but the last, BatchDecoder.admit: the requests that start
-                from an empty slot in one right-padded call, a request with a restored prefix alone, since ONNX
-                Runtime's attention runs several rows of several requests only as a first prompt)
-    decode      ONE decoder call (``feed_decode``): a token for every running request and, in a batch, the last
-                prompt row of every request admitted in this step (vLLM's chunked prefill: the last chunk, one
-                row, rides beside the decodes), whose logits give those requests their first tokens
-    update      ``_after_token``: the stop rules (a stop id, max_new_tokens, the context), text pieces, and at
-                the end the request's KV inserted into the prefix cache and its slot freed
-    cancel      drops a queued or running request between steps
-    fork        a request submitted with n > 1 (OpenAI's ``n``) is admitted once (one vision pass, one selection,
-                one prefill) and its prefix copied into n - 1 more slots (``_fork``): n answers, each with its
-                own sampler stream (runtime.sampling: answer i's seed), each an event ``index``. With
-                ``top_logprobs`` (0..20) every answer token's event carries its TokenLogprob (runtime.logprobs)
+    submit     -> the admission worker (runtime/admission.py): native sequence, vision, probe, selection, the pruned
+                  rows (runtime/inputs.py), beside the decode steps (threaded) or when the step asks (inline); with
+                  a batch of slots and a worker thread it also prefills the rows but the last into a staging slot
+                  beside the steps (``_stage``: cached prefix blocks written in, the rest in chunks of STAGE_ROWS)
+    ready      -> its rows' block keys (runtime/prefix_cache.BlockChain) and the longest cached prefix, held
+    each step: Scheduler.plan(running answers, ready/prefilling requests, free slots) -> StepPlan
+               (runtime/scheduler.py: running decodes first, then prefill chunks under the step's token budget)
+    execute    -> open slots for the requests that start (their cached prefix written in), the chunks' rows
+                  (slots.prefill), forks of n > 1 requests at their last prompt row, then ONE decode call with a row
+                  for every slot: a running answer's last token, or a prefilling request's chunk's last row
+    update     -> per answer that got logits: sample (grammar mask, penalties) -> the stop rules (EOS / stop ids,
+                  stop strings matched on the decoded text: runtime/stop.py, the grammar complete, the length)
+                  -> an EngineEvent; a finished answer leaves its slot at once and its prompt + answer KV blocks
+                  go into the prefix cache; a request whose prefill just ended shares its prompt's blocks at once
+    cancel     -> drops a request in whichever stage it is (admission checks it between stages)
 
-Batch 1 is this loop with one slot (``LoopSlots`` over Pipeline.decoder, any decoder form: the standard form
-cannot batch, so it always runs here); up to N requests share ``BatchSlots`` (engines.ort_form_decoder.
-BatchDecoder, ORT-form decoder). Pipeline.generate / stream / chat / chat_stream / batch_generate, coverpruner-run,
-evaluation and both server worker pools go through it, and so does prefix reuse: a request admitted into a
-running batch restores its longest cached pruned prefix into its own slot and prefills only the rest.
-Not thread-safe: one thread drives an engine (a server worker owns its own).
+A failure while processing one request in a shared step (its sampling, grammar mask, stop rule, result) fails
+that request alone (an error event; its slots freed); its neighbours' answers are unchanged. A failed prefill call
+fails the requests it carried; a failed decode call fails every request it carried (each gets its error event).
+
+Batch 1 is this loop with one slot (``LoopSlots`` over the model's DecoderLoop, any decoder form: the standard form
+cannot batch, so it always runs here); up to N requests share ``BatchSlots`` (engines.ort_form_decoder.BatchDecoder,
+ORT-form decoder). Not thread-safe: one thread drives an engine (a server worker owns its own); its admission
+worker is the only other thread that touches the request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.engine_dir import graph_spec, position_ids_input
-from coverpruner.engines.interfaces import KVSnapshot
+from coverpruner.engine_dir import graph_spec
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
-from coverpruner.runtime.errors import CoverPrunerError, OptionError, PromptError
+from coverpruner.runtime.admission import Admission
+from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.grammar import GrammarMatcher, start_masks
-from coverpruner.runtime.logprobs import TokenLogprob, check_top_logprobs, token_logprob
-from coverpruner.runtime.options import check_int
-from coverpruner.runtime.prefix_cache import TEXT_ROW
-from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
+from coverpruner.runtime.inputs import InputProcessor, Prepared
+from coverpruner.runtime.logprobs import TokenLogprob, token_logprob
+from coverpruner.runtime.model import Model
+from coverpruner.runtime.prefix_cache import Block, BlockChain, PrefixCache, token_identity
+from coverpruner.runtime.result import GenerationResult, ImageResult
 from coverpruner.runtime.sampling import Sampler
-from coverpruner.runtime.stages import DecodeState, NativeSequence, Request, Selection
+from coverpruner.runtime.scheduler import Pending, PrefillChunk, Scheduler, StepPlan
+from coverpruner.runtime.slots import BatchSlots, LoopSlots, Rows
+from coverpruner.runtime.stages import DecodeState, Request
+from coverpruner.runtime.stop import StopMatcher
 from coverpruner.runtime.text import StreamDecoder
+
+#: tokens one step of a batched engine runs when not told (decodes + prefill chunk rows): a step near one decode
+#: step's time (measured: benchmarks/bench_serve.py --interleave, docs/performance.md)
+DEFAULT_MAX_STEP_TOKENS = 32
+#: rows of one prefill call on the admission worker's thread (staging): each call reads every weight once, so
+#: large; between calls a cancel is seen
+STAGE_ROWS = 256
 
 
 @dataclass
 class EngineEvent:
-    """What one step did for one request: ``piece`` (new text, may be ""), and once it is done ``result``
-    (its GenerationResult) or ``error`` (the exception its own stages raised; the others go on)."""
+    """What one step did for one answer of a request: ``piece`` (new text, may be ""; never part of a stop string),
+    ``logprob`` (the TokenLogprob of the step's token when the request asked for logprobs), and once the answer is
+    done ``result`` (its GenerationResult) or ``error`` (the exception the request's own processing raised: it
+    ends all of the request's answers; the others go on)."""
 
     request_id: int
     piece: str = ""
     result: GenerationResult | None = None
     error: Exception | None = None
-    index: int = 0  # which of the request's n answers (fork); errors concern them all
-    logprob: TokenLogprob | None = None  # the token of this step (submit's top_logprobs; none for a stop id)
+    index: int = 0  # which of the request's n answers; errors concern them all
+    logprob: TokenLogprob | None = None
 
     @property
     def done(self) -> bool:
         return self.result is not None or self.error is not None
 
 
-# -- the decoder slots: one request (any DecoderLoop) or many (BatchDecoder) --------------------------
-class LoopSlots:
-    """One slot over a coverpruner.engines.interfaces.DecoderLoop (the Pipeline's own decoder, any form).
-    The cache is sized per request (prompt + the tokens it may generate)."""
-
-    max_batch = 1
-
-    def __init__(self, decoder, position_rank: int):
-        self.decoder, self.rank = decoder, position_rank
-
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
-        """inputs: [(embeds [S,d], positions int64 [R,S], decoder extras {name: [S,d]} or None)] of one request
-        (its rows after the restored prefix, S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in
-        one forward, exactly as a one-shot prefill. The cache is reset to capacities[0] tokens."""
-        (embeds, positions, extras), = inputs
-        self.decoder.reset(capacities[0])
-        if prefixes[0] is not None:
-            self.decoder.restore(prefixes[0])
-        extras = {k: v[None] for k, v in extras.items()} if extras else None
-        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank),
-                                                  extras=extras)))]
-
-    def step(self, feeds: dict) -> dict:
-        """{0: (embedding [d], position int64 [R])} -> {0: logits [V]} (a decode row: no decoder extras)."""
-        (handle, (emb, pos)), = feeds.items()
-        pos = np.asarray(pos, dtype=np.int64).reshape(-1, 1)
-        return {handle: self.decoder.forward(emb[None, None], position_ids_input(pos, self.rank))}
-
-    def length(self, handle: int) -> int:
-        return self.decoder.length
-
-    def snapshot(self, handle: int) -> KVSnapshot:
-        return self.decoder.snapshot()
-
-    def leave(self, handle: int) -> None:
-        """Nothing to free: the next prefill resets the cache."""
-
-
-class BatchSlots:
-    """Up to ``max_batch`` requests over an engines.ort_form_decoder.BatchDecoder (float32 KV, ``capacity``
-    tokens per request, allocated once)."""
-
-    def __init__(self, decoder: BatchDecoder):
-        self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
-
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
-        """As LoopSlots.admit, but every request's last row is left out (logits None): it goes into the next
-        batched step beside the other requests' tokens (BatchDecoder.admit says why)."""
-        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1],
-                                       {k: v[:-1] for k, v in x.items()} if x else None) for e, p, x in inputs],
-                                     prefixes)
-        return [(h, None) for h in handles]
-
-    def step(self, feeds: dict) -> dict:
-        return self.decoder.step({h: (np.asarray(e, np.float32), *rest) for h, (e, *rest) in feeds.items()})
-
-    def length(self, handle: int) -> int:
-        return self.decoder.length(handle)
-
-    def snapshot(self, handle: int) -> KVSnapshot:
-        return self.decoder.snapshot(handle)
-
-    def leave(self, handle: int) -> None:
-        self.decoder.leave(handle)
-
-
-# -- the two places the decoder is fed ----------------------------------------------------------------
-@dataclass
-class PrefillPlan:
-    """What one request's prefill feeds: rows int64 [L'] (ascending native indices), positions int64 [R,L'],
-    the DecodeState, identity int64 [L',C] of the rows (None with the prefix cache off), cached (rows restored
-    from ``prefix``, a KVSnapshot or None)."""
-
-    rows: np.ndarray
-    positions: np.ndarray
-    state: DecodeState
-    identity: np.ndarray | None = None
-    cached: int = 0
-    prefix: KVSnapshot | None = None
-
-
-def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Selection,
-                 capacity: int | None = None) -> PrefillPlan:
-    """The pruned rows and positions of a request and the longest prefix of them the pipeline's prefix cache
-    holds (at most L' - 1 rows). capacity: KV tokens a batch slot holds; PromptError (one line) when the request
-    needs more."""
-    rows, positions, state = pipe.pruned_sequence(request, native, selection)
-    if capacity is not None and len(rows) + state.max_tokens > capacity:
-        raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's KV "
-                          f"capacity is {capacity} per request")
-    plan = PrefillPlan(rows, positions, state)
-    if pipe.prefix_cache.enabled:
-        plan.identity = pipe.row_identities(native, selection, rows, positions)
-        plan.cached, plan.prefix = pipe.prefix_cache.lookup(plan.identity)
-    return plan
-
-
-def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequence]
-                 ) -> list[tuple[int, np.ndarray | None]]:
-    """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it, all
-    requests admitted together in one call -> per request (slot handle, logits [V] of its last row, or None where
-    the slots leave the last row to the next step: ``last_row`` through feed_decode)."""
-    # the decoder extras (contract v4) are gathered with the same kept rows as the embeddings
-    inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:],
-               native.extras_at(plan.rows[plan.cached:])) for plan, native in zip(plans, natives)]
-    out = slots.admit(inputs, [p.prefix for p in plans], [len(p.rows) + p.state.max_tokens for p in plans])
-    for plan in plans:
-        plan.prefix = None  # restored: the slot holds it now
-    pipe.check_files()  # no answer leaves before the background file check has passed (first request only)
-    return out
-
-
-def last_row(handle: int, plan: PrefillPlan, native: NativeSequence) -> tuple[int, np.ndarray, np.ndarray]:
-    """A feed_decode item for a request's last prompt row: (handle, embedding [d], positions int64 [R], decoder
-    extras {name: [d]} or None)."""
-    extras = native.extras_at(plan.rows[-1:])
-    return handle, native.embeds[plan.rows[-1]], plan.positions[:, -1], (
-        {k: v[0] for k, v in extras.items()} if extras else None)
-
-
-def token_row(pipe, handle: int, state: DecodeState, embedding: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
-    """A feed_decode item for a generated token (embedding [d]) at the family's decode position for state.step;
-    state.step advances."""
-    fam = pipe.family_runtime
-    pos = np.asarray(fam.decode_position(state.native, state.pruned, state.step), dtype=np.int64)
-    state.step += 1
-    return handle, embedding, pos
-
-
-def feed_decode(pipe, slots, items: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
-    """The one decode step: one row per request, (slot handle, embedding [d], positions int64 [R]) -> {handle:
-    logits [V]} in one decoder call. A row is a generated token (token_row) or the last prompt row of a request
-    admitted since the last step (last_row), whose logits start its answer."""
-    return slots.step({h: (e, p, *x) for h, e, p, *x in items})
-
-
-# -- the loop -----------------------------------------------------------------------------------------
-@dataclass
-class _Sequence:
-    """A request in the engine: its stages' outputs, slot, sampler, stream decoder and tokens so far."""
+@dataclass(eq=False)
+class _Job:
+    """A submitted request: its stages' output (``prepared``), its prefix-cache chain and the blocks it found, its
+    prefill progress (``done`` prompt rows in its slot) and its answers."""
 
     rid: int
     request: Request
-    t_start: float = 0.0
-    native: NativeSequence | None = None
-    selection: Selection | None = None
-    plan: PrefillPlan | None = None
-    handle: int = -1
-    first: np.ndarray | None = None  # logits [V] of the last prompt row when the prefill computed them
-    sampler: Sampler | None = None
-    stream: StreamDecoder | None = None
-    times: dict = field(default_factory=dict)
-    t_decode: float = 0.0
+    t_submit: float
+    cancelled: bool = False
+    prepared: Prepared | None = None
+    error: Exception | None = None
+    chain: BlockChain | None = None
+    blocks: list = field(default_factory=list)  # the cached prefix it restores (held)
+    cached: int = 0
+    done: int = 0
+    staged: bool = False  # its rows but the last are in the slots' staging slot (prefilled by the admission worker)
+    handle: int = -1  # its first answer's slot once started
+    forks: list = field(default_factory=list)  # the slots of its answers 1..n-1 (copied at its last prompt row)
+    t_prefill: float = 0.0
+
+    @property
+    def started(self) -> bool:
+        return self.handle >= 0
+
+
+@dataclass(eq=False)
+class _Answer:
+    """One of a request's n answers in its slot: its decode position, sampler stream, detokenizer, stop strings,
+    grammar parser, tokens and text so far, and the prefix blocks it holds (its chain grows with its tokens)."""
+
+    job: _Job
+    index: int
+    handle: int
+    state: DecodeState
+    sampler: Sampler
+    stream: StreamDecoder
+    stops: StopMatcher
+    grammar: GrammarMatcher | None
+    chain: BlockChain | None
+    held: list
+    times: dict
     tokens: list = field(default_factory=list)
-    n: int = 1  # answers of the request (fork); the others are admitted as copies of this one
-    index: int = 0  # this answer's index among them
-    top_logprobs: int | None = None  # None: no logprobs
-    grammar: GrammarMatcher | None = None  # this answer's response_format parser (runtime/grammar.py)
+    text: list = field(default_factory=list)
+    t_decode: float = 0.0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.job.rid, self.index
+
+
+def _video_facts(facts: dict) -> dict | None:
+    """What a result reports of a video (grid_thw, num_frames, second_per_grid_t); None for an image."""
+    if facts.get("kind") != "video":
+        return None
+    return {"grid_thw": [int(v) for v in facts["grid_thw"]], "num_frames": int(facts["num_frames"]),
+            "second_per_grid_t": float(facts["second_per_grid_t"])}
+
+
+def make_result(request: Request, prepared: Prepared, text: str, tokens: list[int], times: dict, finish: str,
+                cached: int = 0, stop_reason: str | int | None = None) -> GenerationResult:
+    """The GenerationResult of a finished answer."""
+    native, selection = prepared.native, prepared.selection
+    images = [ImageResult(len(span.candidates), sel.keep, sel.relevance, vision.panels,
+                          vision.facts.get("kind", "image"), _video_facts(vision.facts))
+              for span, sel, vision in zip(native.spans, selection.images, native.visions)]
+    return GenerationResult(
+        text=text, token_ids=tokens, timings=times, prompt_tokens=native.length, prefill_tokens=prepared.length,
+        budget=request.budget, method=request.method, finish_reason=finish, options=request.options,
+        images=images, cached_tokens=cached, demand=request.demand, stop_reason=stop_reason)
 
 
 class Engine:
-    """Drives requests of one Pipeline through ``slots`` (LoopSlots or BatchSlots); see the module docstring.
+    """Drives requests of one Model through ``slots`` (LoopSlots or BatchSlots); see the module docstring.
 
-    capacity: KV tokens a batch slot holds (BatchSlots), checked per request at admission; None for LoopSlots.
+    inputs: the InputProcessor (the admission stages); cache: the model's PrefixCache; capacity: KV tokens a batch
+    slot holds (checked per request at admission; None for LoopSlots); max_step_tokens: the scheduler's budget per
+    step (None: unbounded; a batched engine's default DEFAULT_MAX_STEP_TOKENS); threaded: admission on a worker
+    thread of its own (a server's engine), else in ``step`` (the library's calls).
     """
 
-    def __init__(self, pipeline, slots, capacity: int | None = None):
-        self.pipe, self.slots = pipeline, slots
-        self.max_batch = slots.max_batch
-        self.capacity = capacity
-        self._queue: deque[_Sequence] = deque()
-        self._running: dict[tuple[int, int], _Sequence] = {}  # (request id, answer index) -> its sequence
+    def __init__(self, model: Model, inputs: InputProcessor, cache: PrefixCache, slots, capacity: int | None = None,
+                 max_step_tokens: int | None = None, threaded: bool = False):
+        self.model, self.inputs, self.cache, self.slots = model, inputs, cache, slots
+        self.max_batch, self.capacity = slots.max_batch, capacity
+        self.scheduler = Scheduler(max_step_tokens if slots.batched else None, self.max_batch)
+        self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None)
+        self._jobs: dict[int, _Job] = {}  # every request not finished, by id
+        self._ready: list[_Job] = []  # prepared or prefilling, in arrival order
+        self._running: dict[tuple[int, int], _Answer] = {}  # (request id, answer index) -> its answer
         self._next = 0
+        #: the last step's plan (tests and benchmarks read it)
+        self.last_plan = StepPlan()
 
     @classmethod
-    def for_pipeline(cls, pipeline, max_batch: int = 1, capacity: int | None = None) -> "Engine":
-        """max_batch 1 (and no capacity): the pipeline's own DecoderLoop, any decoder form. Otherwise a BatchDecoder
+    def build(cls, model: Model, inputs: InputProcessor, cache: PrefixCache, max_batch: int = 1,
+              capacity: int | None = None, max_step_tokens: int | None = None, threaded: bool = False) -> "Engine":
+        """max_batch 1 (and no capacity): the model's own DecoderLoop, any decoder form. Otherwise a BatchDecoder
         of ``max_batch`` slots of ``capacity`` tokens (default the model's max positions; ORT-form decoder only,
         other dirs refused in one line). Its KV cache is num_layers x 2 x [max_batch, H_kv, capacity, hd] in the
         decoder's float dtype, on the provider's device (host for 'cpu', GPU memory for 'cuda')."""
         if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
             raise OptionError(f"max_batch must be a positive integer, got {max_batch!r}")
         if max_batch == 1 and capacity is None:
-            return cls(pipeline, LoopSlots(pipeline.decoder, pipeline.family_runtime.position_rank))
-        if pipeline.decoder_form != "ort":
-            raise OptionError(f"{pipeline.manifest.root}: batched decoding needs the ORT-form decoder "
-                              f"(graphs.decoder.form 'ort'); this dir's is {pipeline.decoder_form!r} (re-export with "
+            return cls(model, inputs, cache, LoopSlots(model.decoder, model.family_runtime.position_rank),
+                       threaded=threaded)
+        if model.decoder_form != "ort":
+            raise OptionError(f"{model.manifest.root}: batched decoding needs the ORT-form decoder "
+                              f"(graphs.decoder.form 'ort'); this dir's is {model.decoder_form!r} (re-export with "
                               "--decoder-form ort, or decode one request at a time)")
-        d = pipeline.manifest.dims
-        capacity = int(capacity or pipeline.max_positions)
-        decoder = BatchDecoder(pipeline.sessions["decoder"], max_batch, capacity, int(d["num_layers"]),
+        if max_step_tokens is None:
+            max_step_tokens = max(DEFAULT_MAX_STEP_TOKENS, max_batch)
+        try:
+            Scheduler(max_step_tokens, max_batch)
+        except ValueError as exc:
+            raise OptionError(str(exc), param="max_step_tokens") from None
+        d = model.manifest.dims
+        capacity = int(capacity or model.max_positions)
+        decoder = BatchDecoder(model.sessions["decoder"], max_batch, capacity, int(d["num_layers"]),
                                int(d["num_kv_heads"]), int(d["head_dim"]),
-                               graph_spec(pipeline.manifest, "decoder").rotary, device_type(pipeline.provider))
-        return cls(pipeline, BatchSlots(decoder), capacity)
+                               graph_spec(model.manifest, "decoder").rotary, device_type(model.provider))
+        return cls(model, inputs, cache, BatchSlots(decoder), capacity, max_step_tokens, threaded)
 
+    # -- the driver's calls ---------------------------------------------------------------------
     @property
     def pending(self) -> int:
-        """Requests queued or running."""
-        return len(self._queue) + len(self._running)
+        """Requests submitted and not finished."""
+        return len(self._jobs)
 
-    def submit(self, request: Request, n: int = 1, top_logprobs: int | None = None) -> int:
-        """Queue a validated Request (Pipeline.request / chat_request); returns its id. n: answers (1 ..
-        max_batch: they decode side by side in the batch's slots); top_logprobs: None, or 0..20 alternatives
-        reported with every token's log-probability. OptionError (param ``n`` / ``top_logprobs``) otherwise."""
-        n = check_int("n", n, 1, self.max_batch)
-        top_logprobs = check_top_logprobs(top_logprobs)
+    def submit(self, request: Request) -> int:
+        """Queue a validated Request (Pipeline.request / chat_request: its options, stop strings, n and logprobs
+        included); returns its id. OptionError (param ``n``) when its n answers exceed the slots."""
+        if request.n > self.max_batch:
+            raise OptionError(f"n is {request.n}; this engine decodes at most {self.max_batch} answers side by side "
+                              "(its max batch)", param="n")
         rid, self._next = self._next, self._next + 1
-        self._queue.append(_Sequence(rid, request, n=n, top_logprobs=top_logprobs))
+        job = _Job(rid, request, time.perf_counter())
+        self._jobs[rid] = job
+        self.admission.submit(job)
         return rid
 
     def cancel(self, rid: int) -> bool:
-        """Drop request ``rid`` (queued or running: all its answers) without an event; False if it is unknown or
-        done."""
-        for i, queued in enumerate(self._queue):
-            if queued.rid == rid:
-                del self._queue[i]
-                return True
-        keys = [key for key in self._running if key[0] == rid]
-        for key in keys:
-            self.slots.leave(self._running.pop(key).handle)
-        return bool(keys)
+        """Drop request ``rid`` (all its answers) in whichever stage it is, without an event; False if it is unknown
+        or done."""
+        job = self._jobs.get(rid)
+        if job is None:
+            return False
+        job.cancelled = True  # the admission worker drops it at its next stage boundary
+        self._end(job)
+        return True
 
-    def step(self) -> list[EngineEvent]:
-        """admit (queued requests into the free slots: stages, prefix, rows but the last) -> one decoder call (a
-        token for every running request, the last prompt row of every admitted one) -> update (stop rules) ->
-        one event per request that did something."""
-        running = list(self._running.values())
-        admitted, events = self._admit()
-        if not running and not admitted:
-            return events
-        # the grammar masks of this step's tokens are computed in a background thread during the decoder call
-        constrained = [s for s in running + admitted if s.grammar is not None]
-        masks = start_masks([s.grammar for s in constrained])
-        mask_of = {(s.rid, s.index): i for i, s in enumerate(constrained)}
-        t = time.perf_counter()
-        tokens = [s.tokens[-1] for s in running]
-        embeds = self.pipe.embed(np.array(tokens, dtype=np.int64)) if running else ()
-        items = [token_row(self.pipe, s.handle, s.plan.state, e) for s, e in zip(running, embeds)]
-        items += [last_row(s.handle, s.plan, s.native) for s in admitted if s.first is None]
-        try:
-            logits = feed_decode(self.pipe, self.slots, items) if items else {}
-        except Exception as exc:  # noqa: BLE001 - a failed step fails the requests it carried
-            for seq in admitted:
-                self.slots.leave(seq.handle)
-            if running:
-                raise
-            return events + [EngineEvent(s.rid, error=exc) for s in admitted if s.index == 0]  # one per request
-        dt = time.perf_counter() - t
-        dead: set[int] = set()  # requests a grammar error ended during this update
-        events += [self._take_token(s, logits[s.handle], masks, mask_of, dead) for s in running
-                   if s.rid not in dead]
-        for seq in admitted:
-            if seq.rid in dead:  # a sibling answer's grammar failed: this one never starts
-                self.slots.leave(seq.handle)
-                continue
-            t = time.perf_counter()
-            self._running[seq.rid, seq.index] = seq
-            row = logits[seq.handle] if seq.first is None else seq.first
-            seq.first = None
-            seq.times["prefill"] += dt  # the first token comes with the prefill (its sampling added in _take_token)
-            seq.t_decode = t
-            events.append(self._take_token(seq, row, masks, mask_of, dead, first=True))
-        return [e for e in events if e is not None]
-
-    def _take_token(self, seq: _Sequence, logits: np.ndarray, masks, mask_of: dict, dead: set[int],
-                    first: bool = False) -> EngineEvent | None:
-        """Sample the answer's next token from logits [V] (under its grammar's mask, which then consumes the
-        token) and apply the stop rules. An error of its own (a grammar that cannot go on) ends this request alone,
-        all its answers (rid added to ``dead``), with one error event; None for a sibling already ended."""
-        if seq.rid in dead:
-            return None
-        t = time.perf_counter()
-        try:
-            allowed = masks.allowed(mask_of[seq.rid, seq.index]) if seq.grammar is not None else None
-            token = seq.sampler(logits, allowed)
-            if seq.grammar is not None:
-                seq.grammar.advance(token)
-        except CoverPrunerError as exc:  # the grammar's (OptionError) or sampling's (SamplingError): this one alone
-            dead.add(seq.rid)
-            self.cancel(seq.rid)
-            return EngineEvent(seq.rid, error=exc)
-        if first:
-            seq.times["prefill"] += time.perf_counter() - t
-            seq.t_decode = time.perf_counter()
-        return self._after_token(seq, logits, token)
+    def close(self) -> None:
+        """Stop the admission worker (the engine drops what it had)."""
+        self.admission.close()
 
     def run(self, request: Request):
         """One request through the loop alone: yields its text pieces, returns its GenerationResult; its error
         (one-line CoverPrunerError for bad input) is raised."""
-        rid = self.submit(request)  # one answer
-        while self.pending:
-            for event in self.step():
-                if event.request_id != rid:
-                    continue
-                if event.error is not None:
-                    raise event.error
-                if event.piece:
-                    yield event.piece
-                if event.result is not None:
-                    return event.result
+        rid = self.submit(request)
+        try:
+            while rid in self._jobs:
+                for event in self.step(wait=0.05):
+                    if event.request_id != rid:
+                        continue
+                    if event.error is not None:
+                        raise event.error
+                    if event.piece:
+                        yield event.piece
+                    if event.result is not None:
+                        return event.result
+        finally:
+            self.cancel(rid)  # a consumer that stopped early frees the slot
         raise RuntimeError("the engine finished without a result")  # unreachable: every request ends in an event
 
-    # -- admit ---------------------------------------------------------------------------------------
-    def _stages(self, seq: _Sequence) -> None:
-        """Per request: native sequence, selection, prefill plan (prefix lookup)."""
-        pipe = self.pipe
-        seq.t_start = time.perf_counter()
-        seq.native = pipe.native_sequence(seq.request)
-        seq.selection = pipe.select(seq.request, seq.native)
-        t = time.perf_counter()
-        seq.plan = plan_prefill(pipe, seq.request, seq.native, seq.selection, self.capacity)
-        if seq.request.grammar is not None:
-            seq.grammar = GrammarMatcher(seq.request.grammar)
-        seq.times = dict.fromkeys(TIMING_KEYS, 0.0)
-        for stage in (seq.native, seq.selection):
-            seq.times.update(stage.timings)
-        seq.times["prefill"] = time.perf_counter() - t
-
-    def _admit(self) -> tuple[list[_Sequence], list[EngineEvent]]:
-        """Queued requests into the free slots: their stages one by one, then one feed_prefill for all of them.
-        -> (the admitted sequences, error events of the ones that failed)."""
-        events, seqs = [], []
-        # a request takes n slots at once (FIFO: a request that needs more than are free waits for them)
-        while self._queue and len(self._running) + sum(s.n for s in seqs) + self._queue[0].n <= self.max_batch:
-            seq = self._queue.popleft()
-            try:
-                self._stages(seq)
-            except Exception as exc:  # noqa: BLE001 - the request fails alone; the others go on
-                events.append(EngineEvent(seq.rid, error=exc))
+    # -- one step -------------------------------------------------------------------------------
+    def step(self, wait: float = 0.0) -> list[EngineEvent]:
+        """Collect the requests whose inputs are ready -> plan -> execute -> update: one event per answer that did
+        something (see the module docstring). wait: seconds to wait for an admission when nothing else can run."""
+        events: list[EngineEvent] = []
+        idle = not self._running and not self._ready
+        for job in self.admission.collect(self._free_slots(), wait if idle else 0.0):
+            if job.rid not in self._jobs:  # cancelled meanwhile: what its admission took goes back
+                if job.staged:
+                    self.slots.unstage()
+                self.cache.release(job.blocks)
+                job.blocks = []
                 continue
-            seqs.append(seq)
-        if not seqs:
-            return [], events
-        t = time.perf_counter()
+            if job.error is not None:
+                self._end(job)
+                events.append(EngineEvent(job.rid, error=job.error))
+            else:
+                self._enter(job)
+        plan = self.scheduler.plan(list(self._running), [self._pending(j) for j in self._ready], self._free_slots())
+        self.last_plan = plan
+        if plan.empty:
+            return events
+        running = [self._running[key] for key in plan.decodes]
+        chunks = [(self._jobs[c.rid], c) for c in plan.prefills]
+        masks, mask_of = self._start_masks(running)
+        first, failed = self._prefill(chunks)  # first: {rid: logits [V]} of LoopSlots' final chunks
+        for job, exc in failed:
+            events.append(EngineEvent(job.rid, error=exc))
+        chunks = [(job, c) for job, c in chunks if job.rid in self._jobs and job.started]
+        feeds = self._decode_feeds(running, chunks)
         try:
-            out = feed_prefill(self.pipe, self.slots, [s.plan for s in seqs], [s.native for s in seqs])
-        except Exception as exc:  # noqa: BLE001 - a failed prefill fails the requests it carried
-            return [], events + [EngineEvent(s.rid, error=exc) for s in seqs]
-        dt = time.perf_counter() - t
-        for seq, (handle, seq.first) in zip(seqs, out):
-            seq.handle = handle
-            seq.times["prefill"] += dt
+            logits = self.slots.decode(feeds) if feeds else {}
+        except Exception as exc:  # noqa: BLE001 - a failed shared call fails every request it carried
+            for job in {a.job for a in running} | {job for job, _ in chunks}:
+                self._end(job)
+                events.append(EngineEvent(job.rid, error=exc))
+            return events
+        for answer in running:
+            events.append(self._take_token(answer, logits[answer.handle], masks, mask_of))
+        for job, chunk in chunks:
+            if job.rid not in self._jobs:
+                continue
+            job.done = chunk.stop
+            if chunk.final:
+                events += self._start_answers(job, first.get(job.rid), logits)
+        return [e for e in events if e is not None]
+
+    # -- entering, planning ------------------------------------------------------------------------
+    def _free_slots(self) -> int:
+        """Slots no request holds nor has reserved (a started request with n answers reserves n - 1 for its forks;
+        the admission worker's staged request holds one)."""
+        return self.slots.free
+
+    def _match(self, job: _Job) -> None:
+        """The request's block chain and the longest cached prefix of it (held)."""
+        prepared = job.prepared
+        if prepared.identity is not None:
+            job.chain = BlockChain(prepared.identity)
+            job.blocks = self.cache.match(job.chain, prepared.length - 1)
+            job.cached = job.done = len(job.blocks) * _block_rows(job.blocks)
+
+    def _enter(self, job: _Job) -> None:
+        """A prepared request joins the ready list (its prefix matched, unless its staging did)."""
+        if not job.staged:
+            self._match(job)
+        self._ready.append(job)
+
+    @staticmethod
+    def _pending(job: _Job) -> Pending:
+        """A staged request waits only for the slots of its forks (it holds its own)."""
+        slots = job.request.n - 1 if job.staged else job.request.n
+        return Pending(job.rid, job.prepared.length, job.done, slots, job.started)
+
+    def _stage(self, job: _Job, check) -> None:
+        """On the admission worker's thread: the request's cached prefix and its rows but the last into the slots'
+        staging slot (waiting for it to be free), in calls of STAGE_ROWS rows with ``check`` (cancel) between, and
+        their blocks into the prefix cache; the engine's next step joins it (its last row rides the decode call).
+        Undone on cancel or error."""
+        prepared = job.prepared
+        self._match(job)
+        reserved = False
         try:
-            seqs += self._fork([s for s in seqs if s.n > 1])
-        except Exception as exc:  # noqa: BLE001 - a failed copy fails the requests it carried
-            for seq in seqs:
-                self.slots.leave(seq.handle)
-            return [], events + [EngineEvent(s.rid, error=exc) for s in seqs if s.index == 0]
-        for seq in seqs:
-            seq.sampler = Sampler(seq.request.sampling, seq.index)
-            seq.stream = StreamDecoder(self.pipe.encoder)
-        return seqs, events
+            while not self.slots.stage(job.blocks):
+                check()
+                time.sleep(0.005)
+            reserved = True
+            job.t_prefill = time.perf_counter()
+            while job.done < prepared.length - 1:
+                check()
+                stop = min(job.done + STAGE_ROWS, prepared.length - 1)
+                self.slots.stage_rows(Rows(-1, prepared.embeds(job.done, stop), prepared.positions[:, job.done:stop],
+                                           prepared.extras(job.done, stop)))
+                job.done = stop
+            if job.chain is not None:  # its prompt's blocks, shared from here, copied on this thread
+                self.cache.insert(job.chain, job.done, self.slots.stage_read, job.blocks)
+            job.staged = True
+        except BaseException:
+            if reserved:
+                self.slots.unstage()
+            self.cache.release(job.blocks)
+            job.blocks = []
+            raise
 
-    def _fork(self, parents: list[_Sequence]) -> list[_Sequence]:
-        """Answers 1..n-1 of each request admitted with n > 1: the prefix the parent's prefill left in its slot
-        (every prompt row but the last) copied into n - 1 fresh slots (slots.snapshot -> admit: a restore, no
-        forward), each with its own DecodeState; their last prompt row rides the next decode step beside the
-        parent's, as the parent's does. -> the new sequences (slots taken)."""
-        children, plans, natives = [], [], []
-        for parent in parents:
-            if parent.first is not None:  # LoopSlots computed the last row too; submit bounds n by max_batch = 1
-                raise OptionError("n > 1 needs a batch of slots", param="n")
-            snapshot = self.slots.snapshot(parent.handle)
-            for index in range(1, parent.n):
-                plan = dataclasses.replace(parent.plan, state=dataclasses.replace(parent.plan.state),
-                                           cached=len(parent.plan.rows) - 1, prefix=snapshot)
-                children.append(_Sequence(parent.rid, parent.request, parent.t_start, parent.native,
-                                          parent.selection, plan, times=dict(parent.times), index=index,
-                                          n=parent.n, top_logprobs=parent.top_logprobs,
-                                          grammar=None if parent.grammar is None
-                                          else GrammarMatcher(parent.request.grammar)))
-                plans.append(plan)
-                natives.append(parent.native)
-        if not children:
-            return []
-        out = feed_prefill(self.pipe, self.slots, plans, natives)
-        for child, (handle, child.first) in zip(children, out):
-            child.handle = handle
-            child.plan.cached = next(p for p in parents if p.rid == child.rid).plan.cached  # what usage reports
-        return children
+    # -- execute -----------------------------------------------------------------------------------
+    def _prefill(self, chunks: list) -> tuple[dict, list]:
+        """Open the slots of the requests that start, then run every chunk's rows (one slots.prefill call; BatchSlots
+        leaves each chunk's last row to the decode call) -> ({rid: logits of a LoopSlots final chunk}, [(job, error)]
+        of the requests it failed)."""
+        items, failed, by_handle = [], [], {}
+        for job, chunk in chunks:
+            prepared, forks = job.prepared, job.request.n - 1
+            if not job.started and self.slots.free < forks + (not job.staged):
+                continue  # the admission worker staged a request since the plan: this one starts next step
+            try:
+                if job.staged:
+                    job.handle, job.staged = self.slots.join_staged(forks), False
+                elif not job.started:
+                    job.t_prefill = time.perf_counter()
+                    job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens, forks)
+            except Exception as exc:  # noqa: BLE001 - this request's slot could not be opened
+                self._end(job)
+                failed.append((job, exc))
+                continue
+            items.append(Rows(job.handle, prepared.embeds(chunk.start, chunk.stop),
+                              prepared.positions[:, chunk.start:chunk.stop], prepared.extras(chunk.start, chunk.stop)))
+            by_handle[job.handle] = job
+        if not items:
+            return {}, failed
+        try:
+            out = self.slots.prefill(items)
+        except Exception as exc:  # noqa: BLE001 - a failed prefill call fails the requests it carried
+            for rows in items:
+                self._end(by_handle[rows.handle])
+                failed.append((by_handle[rows.handle], exc))
+            return {}, failed
+        self.model.check_files()  # no answer leaves before the background file check has passed (first only)
+        return {by_handle[h].rid: v for h, v in out.items() if v is not None}, failed
 
-    # -- update ----------------------------------------------------------------------------------------
-    def _after_token(self, seq: _Sequence, logits: np.ndarray, token: int) -> EngineEvent:
-        """The stop rules for the answer's new token (sampled from logits [V]): a stop id ends the answer (kept in
-        token_ids, not in the text, no logprob); else its text piece (and its TokenLogprob when asked), and the
-        answer ends when its grammar is complete (finish_reason "grammar") or at state.max_tokens ("length", or
-        "context" when the context ended first)."""
-        seq.tokens.append(int(token))
-        finish, piece, logprob = None, "", None
-        if token in seq.request.stop_ids:
-            finish = "eos"
-        else:
-            piece = seq.stream.push(token)
-            if seq.top_logprobs is not None:
-                logprob = token_logprob(logits, token, seq.top_logprobs)
-            if seq.grammar is not None and seq.grammar.done:
-                finish = "grammar"
-            elif len(seq.tokens) >= seq.plan.state.max_tokens:
-                finish = seq.plan.state.limit
-        if finish is None:
-            return EngineEvent(seq.rid, piece, index=seq.index, logprob=logprob)
-        piece += seq.stream.flush()
-        del self._running[seq.rid, seq.index]
+    def _decode_feeds(self, running: list[_Answer], chunks: list) -> dict:
+        """The decode call's rows: each running answer's last token at its decode position, and (BatchSlots) each
+        prefilling request's chunk's last row; a request at its last prompt row with n > 1 is forked first (its
+        cache copied into n - 1 slots; their last rows ride the same call)."""
+        feeds = {}
+        if running:
+            embeds = self.model.embed(np.array([a.tokens[-1] for a in running], dtype=np.int64))
+            for answer, emb in zip(running, embeds):
+                feeds[answer.handle] = (emb, self._token_position(answer))
+        if not self.slots.batched:
+            return feeds
+        for job, chunk in chunks:
+            prepared, last = job.prepared, chunk.stop - 1
+            extras = prepared.extras(last, last + 1)
+            row = (prepared.embeds(last, last + 1)[0], prepared.positions[:, last],
+                   {k: v[0] for k, v in extras.items()} if extras else None)
+            if chunk.final and job.request.n > 1:
+                job.forks = self.slots.fork(job.handle, job.request.n - 1)
+            for handle in [job.handle, *job.forks]:
+                feeds[handle] = row
+        return feeds
+
+    def _token_position(self, answer: _Answer) -> np.ndarray:
+        """The decode position of the answer's last token (fed now); its state and its block chain advance."""
+        state = answer.state
+        pos = np.asarray(self.model.family_runtime.decode_position(state.native, state.pruned, state.step),
+                         dtype=np.int64)
+        state.step += 1
+        if answer.chain is not None:
+            answer.chain.extend(token_identity([answer.tokens[-1]], pos.reshape(1, -1)))
+        return pos
+
+    def _start_masks(self, running: list[_Answer]):
+        constrained = [a for a in running if a.grammar is not None]
+        return start_masks([a.grammar for a in constrained]), {a.key: i for i, a in enumerate(constrained)}
+
+    # -- update ------------------------------------------------------------------------------------
+    def _start_answers(self, job: _Job, first, logits: dict) -> list[EngineEvent]:
+        """A request's prefill ended: its n answers start (their first tokens from the last prompt row's logits);
+        with BatchSlots its prompt's blocks go into the prefix cache now (a concurrent request with the same prefix
+        finds them)."""
+        prepared, request = job.prepared, job.request
         now = time.perf_counter()
-        seq.times["decode"] = now - seq.t_decode
-        self._remember(seq)
-        self.slots.leave(seq.handle)
-        seq.times["total"] = time.perf_counter() - seq.t_start
-        result = self.pipe.result(seq.request, seq.native, seq.selection, seq.stream.emitted, seq.tokens, seq.times,
-                                  len(seq.plan.rows), finish, seq.plan.cached)
-        return EngineEvent(seq.rid, piece, result, index=seq.index, logprob=logprob)
+        answers = []
+        try:  # the request's own: a failure here (its grammar's parser, its blocks) ends it alone
+            if self.slots.batched and job.chain is not None:
+                self._insert(job.handle, job.chain, prepared.length, job.blocks)
+            for index, handle in enumerate([job.handle, *job.forks]):
+                times = dict(prepared.timings)
+                times["prefill"] += now - job.t_prefill
+                answers.append(_Answer(job, index, handle, dataclasses.replace(prepared.state),
+                                       Sampler(request.sampling, index), StreamDecoder(self.model.encoder),
+                                       StopMatcher(request.stop),
+                                       GrammarMatcher(request.grammar) if request.grammar is not None else None,
+                                       _copy_chain(job.chain), [], times, t_decode=now))
+        except Exception as exc:  # noqa: BLE001
+            self._end(job)
+            return [EngineEvent(job.rid, error=exc)]
+        self._ready.remove(job)
+        for answer in answers:
+            answer.held = self._hold_copy(job.blocks)  # each answer holds the prompt's blocks until it ends
+            self._running[answer.key] = answer
+        self.cache.release(job.blocks)  # now held by its answers
+        job.blocks = []
+        masks, mask_of = self._start_masks(answers)
+        events = []
+        for answer in answers:
+            row = first if first is not None else logits[answer.handle]
+            events.append(self._take_token(answer, row, masks, mask_of))
+        return events
 
-    def _remember(self, seq: _Sequence) -> None:
-        """Insert the request's cache (the pruned prompt + the answer tokens fed back) into the prefix cache."""
-        plan = seq.plan
-        if plan.identity is None:
-            return
-        fam = self.pipe.family_runtime
-        fed = seq.tokens[:-1]  # the last token was sampled, never fed
-        extra = np.empty((len(fed), plan.identity.shape[1]), dtype=np.int64)
-        extra[:, 0] = TEXT_ROW
-        extra[:, 1] = fed
-        for step in range(len(fed)):
-            extra[step, 2:] = np.asarray(fam.decode_position(plan.state.native, plan.state.pruned, step),
-                                         dtype=np.int64)
-        identity = np.concatenate([plan.identity, extra])
-        if self.slots.length(seq.handle) == len(identity):
-            self.pipe.prefix_cache.insert(identity, self.slots.snapshot(seq.handle))
+    def _take_token(self, answer: _Answer, logits: np.ndarray, masks, mask_of: dict) -> EngineEvent | None:
+        """Sample the answer's next token from logits [V] (under its grammar's mask, which then consumes the token)
+        and apply the stop rules. Any error here is the request's own: it ends all its answers with one error event
+        (None for a sibling answer already ended); its neighbours are untouched."""
+        job = answer.job
+        if job.rid not in self._jobs:
+            return None
+        try:
+            allowed = masks.allowed(mask_of[answer.key]) if answer.grammar is not None else None
+            token = answer.sampler(logits, allowed)
+            if answer.grammar is not None:
+                answer.grammar.advance(token)
+            return self._after_token(answer, logits, token)
+        except Exception as exc:  # noqa: BLE001 - fails this request alone
+            self._end(job)
+            return EngineEvent(job.rid, error=exc)
+
+    def _after_token(self, answer: _Answer, logits: np.ndarray, token: int) -> EngineEvent:
+        """The stop rules for the answer's new token (sampled from logits [V]): an EOS id ("eos") or a stop token id
+        ("stop") ends the answer (kept in token_ids, not in the text, no logprob); else its text piece goes through
+        the stop strings (text that may start one is held back; at a match the answer ends, "stop", its text cut
+        before the match), its TokenLogprob when asked, and the answer ends when its grammar is complete ("grammar")
+        or at state.max_tokens ("length", or "context" when the context ended first). A finished answer leaves its
+        slot before its event is returned."""
+        request = answer.job.request
+        answer.tokens.append(int(token))
+        finish, piece, logprob, reason = None, "", None, None
+        if token in request.stop_ids:
+            finish = "eos"
+        elif token in request.stop_token_ids:
+            finish, reason = "stop", int(token)
+        else:
+            piece, stopped = answer.stops.push(answer.stream.push(token))
+            if request.top_logprobs is not None:
+                logprob = token_logprob(logits, token, request.top_logprobs)
+            if stopped:
+                finish, reason = "stop", answer.stops.matched
+            elif answer.grammar is not None and answer.grammar.done:
+                finish = "grammar"
+            elif len(answer.tokens) >= answer.state.max_tokens:
+                finish = answer.state.limit
+        if finish is None:
+            answer.text.append(piece)
+            return EngineEvent(answer.job.rid, piece, index=answer.index, logprob=logprob)
+        if not answer.stops.stopped:  # the decoder's held-back tail, then the text held back for a stop string
+            tail, stopped = answer.stops.push(answer.stream.flush())
+            piece += tail + answer.stops.flush()
+            if stopped:  # completed by the tail: the text ends before it all the same
+                finish, reason = "stop", answer.stops.matched
+        answer.text.append(piece)
+        times = answer.times
+        times["decode"] = time.perf_counter() - answer.t_decode
+        self._finish(answer)
+        times["total"] = time.perf_counter() - answer.job.t_submit
+        result = make_result(request, answer.job.prepared, "".join(answer.text), answer.tokens, times, finish,
+                             answer.job.cached, reason)
+        return EngineEvent(answer.job.rid, piece, result, index=answer.index, logprob=logprob)
+
+    # -- leaving -----------------------------------------------------------------------------------
+    def _finish(self, answer: _Answer) -> None:
+        """The answer is done: its prompt + answer KV into the prefix cache (the last token was sampled, never fed),
+        its slot freed, its blocks released; the request ends with its last answer."""
+        if answer.chain is not None and self.slots.length(answer.handle) == answer.chain.rows:
+            self._insert(answer.handle, answer.chain, answer.chain.rows, answer.held)
+        del self._running[answer.key]
+        self.slots.leave(answer.handle)
+        self.cache.release(answer.held)
+        answer.held = []
+        job = answer.job
+        if not any(key[0] == job.rid for key in self._running):
+            self._jobs.pop(job.rid, None)
+
+    def _end(self, job: _Job) -> None:
+        """Drop a request in whichever stage it is: its slots freed, its blocks released."""
+        self._jobs.pop(job.rid, None)
+        if job in self._ready:
+            self._ready.remove(job)
+            for handle in ([job.handle, *job.forks] if job.started else []):
+                self.slots.leave(handle)
+            if job.started and not job.forks and job.request.n > 1:
+                self.slots.unreserve(job.request.n - 1)
+            if job.staged:
+                self.slots.unstage()
+        for key in [k for k in self._running if k[0] == job.rid]:
+            answer = self._running.pop(key)
+            self.slots.leave(answer.handle)
+            self.cache.release(answer.held)
+            answer.held = []
+        self.cache.release(job.blocks)
+        job.blocks = []
+
+    def _insert(self, handle: int, chain: BlockChain, rows: int, held: list) -> None:
+        self.cache.insert(chain, rows, lambda start, stop: self.slots.read(handle, start, stop), held)
+
+    def _hold_copy(self, blocks: list[Block]) -> list[Block]:
+        """Another answer's hold on the same blocks (a forked answer shares its request's prefix)."""
+        self.cache.hold(blocks)
+        return list(blocks)
+
+
+def _block_rows(blocks: list[Block]) -> int:
+    return blocks[0].ident.shape[0] if blocks else 0
+
+
+def _copy_chain(chain: BlockChain | None) -> BlockChain | None:
+    return None if chain is None else chain.copy()

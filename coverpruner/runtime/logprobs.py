@@ -12,16 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from coverpruner.runtime.options import check_int
-
-#: OpenAI's bound on top_logprobs (chat completions); the legacy completions API bounds logprobs at 5
-MAX_TOP_LOGPROBS = 20
-
-
-def check_top_logprobs(value, name: str = "top_logprobs") -> int | None:
-    """None (no logprobs) or an integer in 0..MAX_TOP_LOGPROBS -> int | None; OptionError naming ``name``."""
-    return None if value is None else check_int(name, value, 0, MAX_TOP_LOGPROBS)
-
 
 @dataclass(frozen=True)
 class TokenLogprob:

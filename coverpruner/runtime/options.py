@@ -15,6 +15,12 @@ Bounds, and why:
 - temperature: finite, >= 0 (below runtime.sampling.GREEDY_BELOW, 1e-5, the choice is greedy); top_p: finite, in (0, 1].
 - method options (coverpruner.selection's declarations: dart's pivots, cdpruner's relevance_weight): each
   method's own check; an option of another method is refused by name (check_method_options).
+- stop strings: at most MAX_STOP_STRINGS of 1..MAX_STOP_CHARS characters, valid Unicode (OpenAI takes 4; the
+  bound leaves room for clients that send more and bounds the loop's matcher: runtime/stop.py works per token in
+  strings x characters); stop_token_ids: at most MAX_STOP_TOKEN_IDS ids >= 0 (past the vocabulary: refused by
+  Pipeline.request, which knows its size).
+- n: 1..MAX_N answers (the engine loop refuses more than its batch holds: they decode side by side).
+- top_logprobs: 0..MAX_TOP_LOGPROBS, and only with logprobs (OpenAI's rule).
 
 Each refusal is raised with ``param=`` the option's name (the server reports it as the OpenAI error's param).
 """
@@ -35,6 +41,12 @@ TAU_MAX = 64.0
 MAX_BUDGET = 2 ** 31 - 1
 MAX_SEED = 2 ** 63 - 1
 MAX_NEW_TOKENS = 2 ** 31 - 1
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 64
+MAX_N = 128
+#: OpenAI's bound on top_logprobs (chat completions); the legacy completions API bounds logprobs at 5
+MAX_TOP_LOGPROBS = 20
 
 
 def _is_int(value) -> bool:
@@ -119,6 +131,46 @@ def check_bool(name: str, value) -> bool:
     return value
 
 
+def check_stop(value) -> tuple[str, ...]:
+    """None / a string / a sequence of strings -> tuple of stop strings; OptionError (param stop) for an empty
+    string, more than MAX_STOP_STRINGS, one longer than MAX_STOP_CHARS or one that is not valid Unicode (JSON lets a
+    lone surrogate through; the tokenizer does not)."""
+    if value is None:
+        return ()
+    stops = (value,) if isinstance(value, str) else value
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) for s in stops):
+        raise OptionError(f"stop must be a string or a list of strings, got {value!r:.80}", param="stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise OptionError(f"stop holds {len(stops)} strings; at most {MAX_STOP_STRINGS}", param="stop")
+    for i, s in enumerate(stops):
+        if not s:
+            raise OptionError("stop strings must not be empty", param="stop")
+        if len(s) > MAX_STOP_CHARS:
+            raise OptionError(f"stop string {i} is {len(s)} characters; at most {MAX_STOP_CHARS}", param="stop")
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise OptionError(f"stop string {i} holds a lone UTF-16 surrogate at character {exc.start}; send valid "
+                              "Unicode", param="stop") from None
+    return tuple(stops)
+
+
+def check_stop_token_ids(value) -> tuple[int, ...]:
+    """None / a sequence of token ids (integers >= 0) -> tuple; OptionError (param stop_token_ids) otherwise."""
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_STOP_TOKEN_IDS \
+            or not all(_is_int(t) and t >= 0 for t in value):
+        raise OptionError(f"stop_token_ids must be a list of at most {MAX_STOP_TOKEN_IDS} token ids (integers >= 0), "
+                          f"got {value!r:.80}", param="stop_token_ids")
+    return tuple(int(t) for t in value)
+
+
+def check_top_logprobs(value, name: str = "top_logprobs") -> int | None:
+    """None (no logprobs) or an integer in 0..MAX_TOP_LOGPROBS -> int | None; OptionError naming ``name``."""
+    return None if value is None else check_int(name, value, 0, MAX_TOP_LOGPROBS)
+
+
 def parse_budget(budget) -> int | None:
     """None / "full" -> None (no pruning); an integer in 1..MAX_BUDGET (or its decimal string in ASCII digits) ->
     int; anything else (bools, floats, "1e3", "²", out of range) -> OptionError."""
@@ -159,6 +211,11 @@ class GenerationOptions:
     {"name", "schema"}}) or None: the answer is constrained to it (runtime.grammar; checked by Pipeline.request).
     ignore_eos: decode past EOS up to max_new_tokens. max_images: most images + videos of a request (>= 0) or
     None. family: the family's request options as given ({name: value}, e.g. {"newline_policy": "keep"}).
+    stop: strings that end an answer where they first appear (a string or a sequence; stored as a tuple): the engine
+    loop matches them as it decodes (runtime/stop.py), the answer's text stops before the match and
+    finish_reason is "stop". stop_token_ids: token ids that end the answer as EOS does (also with ignore_eos).
+    n: answers of the request (OpenAI's n; forked after one prefill). logprobs: report each answer token's
+    log-probability; top_logprobs: and that many alternatives (0..20; needs logprobs).
     """
 
     budget: int | None = 64
@@ -176,6 +233,11 @@ class GenerationOptions:
     ignore_eos: bool = False
     max_images: int | None = None
     family: Mapping = field(default_factory=dict)
+    stop: tuple = ()
+    stop_token_ids: tuple = ()
+    n: int = 1
+    logprobs: bool = False
+    top_logprobs: int | None = None
 
     def __post_init__(self):
         put = object.__setattr__  # frozen: the checked (normalised) values replace the given ones once
@@ -201,6 +263,18 @@ class GenerationOptions:
             raise OptionError(f"family options must be a mapping of names to values, got {self.family!r}",
                               param="family")
         put(self, "family", dict(self.family))  # a copy: the caller's mapping may change afterwards
+        put(self, "stop", check_stop(self.stop))
+        put(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
+        put(self, "n", check_int("n", self.n, 1, MAX_N))
+        check_bool("logprobs", self.logprobs)
+        put(self, "top_logprobs", check_top_logprobs(self.top_logprobs))
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OptionError("top_logprobs needs logprobs: true", param="top_logprobs")
+
+    @property
+    def logprob_count(self) -> int | None:
+        """Alternatives reported with each token's log-probability: None (no logprobs), else 0..20."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @classmethod
     def of(cls, options: "GenerationOptions | None" = None, **kwargs) -> "GenerationOptions":

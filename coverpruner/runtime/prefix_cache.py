@@ -1,40 +1,51 @@
-"""Prefix reuse across requests: pruned-prefix KV snapshots, vision outputs and selections in three typed stores
-that share one byte budget (least recently used evicted first).
+"""Prefix reuse across requests: pruned-prefix KV in fixed-size row blocks, vision outputs and selections, in three
+typed stores that share one byte budget (least recently used evicted first).
 
 Why it is exact. The decoder KV of the first P rows of a pruned sequence is a function of those rows' inputs and
 positions only (causal attention). A row's *identity* (`row_identity`) is what determines its input and position:
 a text row's token id, an image row's (image hash, row index in its span), and its positions [R]. Two requests
-whose identities agree on the first P rows therefore have the same KV there, and restoring a snapshot of it
-(engines.interfaces.KVSnapshot, a bit-identical copy of what a prefill wrote) is the same as computing it again.
-The last row is always prefilled (its logits start the answer), so at most L' - 1 rows are restored.
+whose identities agree on the first P rows therefore have the same KV there, and restoring a copy of it (a
+bit-identical copy of what a prefill wrote) is the same as computing it again. The last prompt row is always
+prefilled (its logits start the answer), so at most L' - 1 rows are restored.
 
-How a prefix is found (vLLM's block hashing, with blocks of one row). Row i's key is a chained hash
-h_i = blake2b(h_{i-1} || identity row i), so h_i names the whole prefix 0..i. An inserted snapshot registers the
-key of every row it holds; a lookup walks the request's own chain while the keys are known (one dict lookup per
-row, no scan of the entries) and restores the longest. vLLM hashes blocks of 16 tokens because its KV lives in
-16-token pages; here a snapshot is a plain copy, so one-row blocks cost only an index entry (~100 bytes a row, not
-counted: a row's KV is layers x 2 x H_kv x hd floats, 64 KiB at LLaVA-1.5-7B widths with 2 layers) and find the
-same longest prefix a row-by-row comparison would.
+Blocks (vLLM's block hashing). A request's rows are cut into blocks of BLOCK_ROWS rows; block k's key chains the
+previous one's, h_k = blake2b(h_{k-1} || identity rows of block k), so h_k names the whole prefix up to the block's
+end, and a request keeps its chain (``BlockChain``) as it grows: the prompt's rows, then each answer token fed back.
+A block is stored once, whoever wrote it: two concurrent conversations with the same system prompt and image share
+the blocks of that prefix, which the first inserts as soon as its prefill is done (runtime/engine.py), before it
+finishes. A lookup (``match``) walks the request's own chain while the keys are known (one dict lookup per block)
+and checks the stored identity rows against the request's (a 128-bit collision never restores a wrong prefix).
+Blocks are reference-counted: a request holds the blocks it matched or inserted until it ends (``release``), and
+only a block no request holds and no stored block extends (a leaf) is evicted. The KV rows live in the decoder's
+slots while a request runs; a block is their host copy (engines.interfaces.KVSnapshot arrays, [1, H_kv, B, hd]
+per layer and kind), written back into a slot on restore.
 
 With demand="turn" an image's selection reads only the rows up to the end of its own message (layer 0 is
 causal), so it is cached too, keyed by that native prefix and the selection options: a later turn neither
 re-runs an earlier image's probe nor its selection. Vision outputs are cached by a hash of the vision graph's
 feeds (the preprocessed pixels), so an image seen before skips the vision graph.
 
-`max_bytes` bounds the three stores together (0 disables the cache); an entry larger than it is not stored.
-Not thread-safe: one Pipeline (one engine loop thread) owns one cache.
+`max_bytes` bounds the three stores together, index included (a block counts its KV, its identity rows and
+BLOCK_OVERHEAD bytes of index; 0 disables the cache); an entry larger than it is not stored. Thread-safe: the
+admission worker (vision, selections) and the engine loop (KV blocks) share one cache under one lock.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from coverpruner.engines.interfaces import KVSnapshot
 
 TEXT_ROW = -1  # the first identity column of a text row (an image row holds its image's 63-bit hash there)
+#: rows per KV block (vLLM's default page): a finer block finds longer prefixes, a coarser one keeps fewer entries
+BLOCK_ROWS = 16
+#: bytes one block's index costs beside its arrays (its dict slot, key, Block object, tuples), counted in the budget
+BLOCK_OVERHEAD = 512
 
 
 def feeds_hash(feeds: dict[str, np.ndarray]) -> bytes:
@@ -66,29 +77,86 @@ def row_identity(input_ids: np.ndarray, rows: np.ndarray, positions: np.ndarray,
     return ident
 
 
-def chain_hashes(ident: np.ndarray) -> list[bytes]:
-    """The chained key of every row of ``ident`` int64 [P, C]: key i names rows 0..i (16-byte blake2b)."""
-    ident = np.ascontiguousarray(ident, dtype=np.int64)
-    keys, prev = [], b""
-    for row in ident:
-        prev = hashlib.blake2b(prev + row.tobytes(), digest_size=16).digest()
-        keys.append(prev)
-    return keys
+def token_identity(tokens, positions: np.ndarray) -> np.ndarray:
+    """int64 [k, 2 + R]: the identities of k answer tokens fed back (TEXT_ROW, id) at positions int64 [k, R]."""
+    ident = np.empty((len(tokens), 2 + positions.shape[1]), dtype=np.int64)
+    ident[:, 0] = TEXT_ROW
+    ident[:, 1] = tokens
+    ident[:, 2:] = positions
+    return ident
 
 
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Rows on which two identity arrays [*, C] agree from the start."""
-    m = min(len(a), len(b))
-    same = np.all(a[:m] == b[:m], axis=1)
-    return m if same.all() else int(np.argmin(same))
+class BlockChain:
+    """The chained block keys of one request's rows, kept as it grows: ``extend`` appends rows' identities (int64
+    [k, C]: the prompt's, then each answer token fed back), and every block of BLOCK_ROWS rows that fills gets its
+    key h_k = blake2b(h_{k-1} || its identity rows) (16 bytes)."""
+
+    def __init__(self, ident: np.ndarray | None = None):
+        self._parts: list[np.ndarray] = []
+        self._ident: np.ndarray | None = None  # the rows so far, int64 [rows, C] (joined lazily)
+        self.rows = 0
+        self.keys: list[bytes] = []
+        if ident is not None:
+            self.extend(ident)
+
+    @property
+    def ident(self) -> np.ndarray:
+        """int64 [rows, C]: every row's identity so far."""
+        if self._parts:
+            self._ident = np.concatenate(([self._ident] if self._ident is not None else []) + self._parts)
+            self._parts = []
+        return self._ident
+
+    def extend(self, ident: np.ndarray) -> None:
+        ident = np.ascontiguousarray(ident, dtype=np.int64)
+        self._parts.append(ident)
+        self.rows += len(ident)
+        full = self.rows // BLOCK_ROWS
+        if full > len(self.keys):
+            rows = self.ident
+            prev = self.keys[-1] if self.keys else b""
+            for k in range(len(self.keys), full):
+                prev = hashlib.blake2b(prev + rows[k * BLOCK_ROWS:(k + 1) * BLOCK_ROWS].tobytes(),
+                                       digest_size=16).digest()
+                self.keys.append(prev)
+
+    def copy(self) -> "BlockChain":
+        """An independent chain with the same rows (a forked answer's, which then grows with its own tokens)."""
+        out = BlockChain()
+        out._ident, out.rows, out.keys = self.ident, self.rows, list(self.keys)
+        return out
+
+    def block(self, k: int) -> np.ndarray:
+        """int64 [BLOCK_ROWS, C]: the identity rows of block k."""
+        return self.ident[k * BLOCK_ROWS:(k + 1) * BLOCK_ROWS]
 
 
-def truncate(snap: KVSnapshot, length: int) -> KVSnapshot:
-    """The first ``length`` rows of a snapshot (copies: the restore wants contiguous [1, H_kv, P, hd])."""
-    if length == snap.length:
-        return snap
-    cut = lambda arrays: tuple(np.ascontiguousarray(a[:, :, :length]) for a in arrays)  # noqa: E731
-    return KVSnapshot(length, cut(snap.keys), cut(snap.values))
+@dataclass(eq=False)
+class Block:
+    """One stored block: ``key`` (its chain key), ``parent`` (the block before it, None for the first), ``ident``
+    int64 [BLOCK_ROWS, C], per layer ``keys`` / ``values`` [1, H_kv, BLOCK_ROWS, hd] (the cache's float dtype);
+    ``refs``: requests holding it; ``children``: stored blocks that extend it."""
+
+    key: bytes
+    parent: "Block | None"
+    ident: np.ndarray
+    keys: tuple
+    values: tuple
+    refs: int = 0
+    children: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return (sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values) + self.ident.nbytes
+                + BLOCK_OVERHEAD)
+
+
+def join_blocks(blocks: list[Block]) -> KVSnapshot:
+    """The prefix the blocks hold, as one KVSnapshot (per layer [1, H_kv, len(blocks) * BLOCK_ROWS, hd])."""
+    layers = range(len(blocks[0].keys))
+    cat = lambda kind: tuple(np.concatenate([getattr(b, kind)[i] for b in blocks], axis=2)  # noqa: E731
+                             for i in layers)
+    return KVSnapshot(len(blocks) * BLOCK_ROWS, cat("keys"), cat("values"))
 
 
 class _Budget:
@@ -103,12 +171,18 @@ class _Budget:
         self.order.move_to_end((id(store), key))
 
     def add(self, store, key, size: int) -> None:
-        """Account a new entry, then evict least recently used ones (from any store) until under budget."""
+        """Account a new entry, then trim."""
         self.order[(id(store), key)] = (store, key, size)
         self.nbytes += size
+        self.trim()
+
+    def trim(self) -> None:
+        """Evict least recently used entries (from any store) that their store lets go, until under budget."""
         while self.nbytes > self.max_bytes:
-            _, (victim, vkey, _) = next(iter(self.order.items()))
-            victim.remove(vkey)
+            victim = next(((s, k) for s, k, _ in self.order.values() if s.evictable(k)), None)
+            if victim is None:  # everything left is held by running requests: trimmed again when they end
+                return
+            victim[0].remove(victim[1])
 
     def drop(self, store, key) -> None:
         _, _, size = self.order.pop((id(store), key))
@@ -135,6 +209,9 @@ class _Store:
         self.items[key] = value
         self.budget.add(self, key, size)
 
+    def evictable(self, key) -> bool:
+        return True
+
     def remove(self, key) -> None:
         del self.items[key]
         self.budget.drop(self, key)
@@ -154,70 +231,79 @@ class SelectionStore(_Store):
         self.put(digest, (keep, relevance), keep.nbytes + (0 if relevance is None else relevance.nbytes))
 
 
-class KVStore(_Store):
-    """entry id -> (identity int64 [P, C], KVSnapshot of P rows, chain keys [P]); ``index``: chain key -> the ids
-    of the entries that hold that prefix; ``ends``: an entry's last chain key -> its id."""
+class KVBlocks(_Store):
+    """chain key -> Block (see the module docstring)."""
 
-    def __init__(self, budget: _Budget):
-        super().__init__(budget)
-        self.index: dict[bytes, set[int]] = {}
-        self.ends: dict[bytes, int] = {}  # an entry's last chain key -> its id (finds the entries ours extends)
-        self._next = 0
+    def evictable(self, key) -> bool:
+        block = self.items[key]
+        return block.refs == 0 and block.children == 0
 
     def remove(self, key) -> None:
-        del self.ends[self.items[key][2][-1]]
-        for h in self.items[key][2]:
-            ids = self.index[h]
-            ids.discard(key)
-            if not ids:
-                del self.index[h]
+        block = self.items[key]
+        if block.parent is not None:
+            block.parent.children -= 1
         super().remove(key)
 
-    def lookup(self, ident: np.ndarray) -> tuple[int, KVSnapshot | None]:
-        """The longest stored prefix of ``ident`` [L', C], at most L' - 1 rows: (P, snapshot of P rows) or
-        (0, None). Walks the chain of ``ident``'s rows while the index knows it."""
-        best, ids = 0, None
-        for i, h in enumerate(chain_hashes(ident[:len(ident) - 1])):
-            found = self.index.get(h)
-            if found is None:
+    def match(self, chain: BlockChain, max_rows: int) -> list[Block]:
+        """The stored blocks that begin ``chain``, at most max_rows // BLOCK_ROWS of them, in order (touched)."""
+        found = []
+        for k, key in enumerate(chain.keys[:max(0, max_rows) // BLOCK_ROWS]):
+            block = self.items.get(key)
+            if block is None or not np.array_equal(block.ident, chain.block(k)):
                 break
-            best, ids = i + 1, found
-        if ids is None:
-            return 0, None
-        key = max(ids)  # the newest entry holding the prefix
-        stored, snap, _ = self.get(key)
-        if not np.array_equal(stored[:best], ident[:best]):  # a 128-bit collision: never restore a wrong prefix
-            return 0, None
-        return best, truncate(snap, best)
+            found.append(block)
+        for block in found:
+            self.budget.touch(self, block.key)
+        return found
 
-    def insert(self, ident: np.ndarray, snap: KVSnapshot) -> None:
-        """Store a snapshot of the rows ``ident`` [P, C] describes; entries it extends are dropped."""
-        if self.budget.max_bytes == 0 or snap.length == 0:
+    def insert(self, chain: BlockChain, rows: int, read, held: list[Block]) -> None:
+        """Store the blocks of ``chain`` within its first ``rows`` rows that are not stored yet. read(start, stop)
+        -> (keys, values): per layer [1, H_kv, stop-start, hd] host copies of those rows of the request's slot,
+        read once for all the new blocks. held: the blocks the request holds (matched or inserted before), in
+        chain order: the new ones are appended (and held)."""
+        if self.budget.max_bytes == 0:
             return
-        ident = np.ascontiguousarray(ident[:snap.length])
-        keys = chain_hashes(ident)
-        for h in keys:  # an entry that ends at one of our rows is a prefix of ours: ours replaces it
-            old = self.ends.get(h)
-            if old is not None:
-                self.remove(old)
-        self._next += 1
-        size = snap.nbytes + ident.nbytes
-        if size > self.budget.max_bytes:
+        count = min(rows, chain.rows) // BLOCK_ROWS
+        first = len(held)
+        if count <= first:
             return
-        self.items[self._next] = (ident, snap, keys)
-        self.ends[keys[-1]] = self._next
-        for h in keys:
-            self.index.setdefault(h, set()).add(self._next)
-        self.budget.add(self, self._next, size)
+        if any(held[k].key != chain.keys[k] for k in range(first)):
+            raise ValueError("held blocks do not begin the request's chain")
+        keys, values = read(first * BLOCK_ROWS, count * BLOCK_ROWS)
+        parent = held[-1] if held else None
+        for k in range(first, count):
+            block = self.items.get(chain.keys[k])
+            if block is None or not np.array_equal(block.ident, chain.block(k)):
+                cut = slice((k - first) * BLOCK_ROWS, (k - first + 1) * BLOCK_ROWS)
+                block = Block(chain.keys[k], parent, chain.block(k).copy(),
+                              tuple(np.ascontiguousarray(a[:, :, cut]) for a in keys),
+                              tuple(np.ascontiguousarray(a[:, :, cut]) for a in values))
+                if block.nbytes > self.budget.max_bytes:
+                    return
+                if chain.keys[k] in self.items:  # a collision's older block makes way
+                    if not self.evictable(chain.keys[k]):
+                        return
+                    self.remove(chain.keys[k])
+                if parent is not None:
+                    parent.children += 1
+                block.refs = 1  # held before it is accounted: the trim below must not evict it
+                self.items[block.key] = block
+                self.budget.add(self, block.key, block.nbytes)
+            else:
+                block.refs += 1
+                self.budget.touch(self, block.key)
+            held.append(block)
+            parent = block
 
 
 class PrefixCache:
-    """The three stores (see the module docstring): ``kv`` (KVStore), ``vision`` (VisionStore), ``selections``
-    (SelectionStore), all within ``max_bytes``."""
+    """The three stores (see the module docstring): ``kv`` (KVBlocks), ``vision`` (VisionStore), ``selections``
+    (SelectionStore), all within ``max_bytes``, behind one lock."""
 
     def __init__(self, max_bytes: int):
         self._budget = _Budget(max_bytes)
-        self.kv, self.vision, self.selections = KVStore(self._budget), VisionStore(self._budget), \
+        self._lock = threading.RLock()
+        self.kv, self.vision, self.selections = KVBlocks(self._budget), VisionStore(self._budget), \
             SelectionStore(self._budget)
 
     @property
@@ -233,27 +319,61 @@ class PrefixCache:
         return self.max_bytes > 0
 
     def clear(self) -> None:
-        for store in (self.kv, self.vision, self.selections):
-            for key in list(store.items):
-                store.remove(key)
+        """Forget every entry (blocks held by running requests stay until they end)."""
+        with self._lock:
+            for store in (self.kv, self.vision, self.selections):
+                for key in sorted(store.items, key=lambda k: -self._depth(store, k)):  # leaves first
+                    if store.evictable(key):
+                        store.remove(key)
 
-    # -- the stores' operations under the names Pipeline uses ------------------------------------
+    def _depth(self, store, key) -> int:
+        if store is not self.kv:
+            return 0
+        depth, block = 0, self.kv.items[key]
+        while block.parent is not None:
+            depth, block = depth + 1, block.parent
+        return depth
+
+    # -- the stores' operations under the names the stages and the engine use ---------------------
     def get_vision(self, digest: bytes):
-        return self.vision.get(digest)
+        with self._lock:
+            return self.vision.get(digest)
 
     def put_vision(self, digest: bytes, outputs: dict) -> None:
-        self.vision.put_outputs(digest, outputs)
+        with self._lock:
+            self.vision.put_outputs(digest, outputs)
 
     def get_selection(self, digest: bytes):
-        return self.selections.get(digest)
+        with self._lock:
+            return self.selections.get(digest)
 
     def put_selection(self, digest: bytes, keep: np.ndarray, relevance) -> None:
-        self.selections.put_selection(digest, keep, relevance)
+        with self._lock:
+            self.selections.put_selection(digest, keep, relevance)
 
-    def lookup(self, ident: np.ndarray) -> tuple[int, KVSnapshot | None]:
-        """KVStore.lookup: the longest cached prefix of ``ident`` [L', C], at most L' - 1 rows."""
-        return self.kv.lookup(ident)
+    def match(self, chain: BlockChain, max_rows: int) -> list[Block]:
+        """KVBlocks.match: the stored blocks that begin ``chain`` (at most max_rows rows), held for the request from
+        here (none is evicted while held) until it calls ``release``."""
+        with self._lock:
+            blocks = self.kv.match(chain, max_rows)
+            for block in blocks:
+                block.refs += 1
+            return blocks
 
-    def insert(self, ident: np.ndarray, snap: KVSnapshot) -> None:
-        """KVStore.insert: store a snapshot of the rows ``ident`` [P, C] describes."""
-        self.kv.insert(ident, snap)
+    def hold(self, blocks: list[Block]) -> None:
+        """Hold ``blocks`` once more (another request or answer uses the same prefix)."""
+        with self._lock:
+            for block in blocks:
+                block.refs += 1
+
+    def release(self, blocks: list[Block]) -> None:
+        """A request ends: let go of its blocks (then trim the budget, which held ones may have kept over)."""
+        with self._lock:
+            for block in blocks:
+                block.refs -= 1
+            self._budget.trim()
+
+    def insert(self, chain: BlockChain, rows: int, read, held: list[Block]) -> None:
+        """KVBlocks.insert: store the not yet stored blocks of the chain's first ``rows`` rows (held from then on)."""
+        with self._lock:
+            self.kv.insert(chain, rows, read, held)

@@ -60,6 +60,8 @@ class GenerationResult:
     ``num_visual_tokens`` / ``panels`` are image 0's, read from it (empty / None / 0 / () without images).
     options: the family's request options as they were applied (e.g. {"newline_policy": "drop"}).
     cached_tokens: pruned-prefix rows restored from the prefix cache. demand: "turn" or "latest".
+    finish_reason "stop": a stop string matched in the text (``text`` ends before it; ``token_ids`` end with the
+    token that completed the match) or a stop token id came; ``stop_reason`` is that string or id (None otherwise).
     """
 
     text: str
@@ -69,11 +71,12 @@ class GenerationResult:
     prefill_tokens: int  # sequence length the decoder saw after pruning
     budget: int | None
     method: str
-    finish_reason: str  # "eos", "grammar" (response_format complete), "length" (max_new_tokens) or "context"
+    finish_reason: str  # "eos", "stop", "grammar" (response_format complete), "length" (max_new_tokens), "context"
     options: dict = field(default_factory=dict)
     images: list = field(default_factory=list)
     cached_tokens: int = 0
     demand: str = "turn"
+    stop_reason: str | int | None = None
 
     # The one-image view (a generate request's image; image 0 of a conversation): read from ``images``, never
     # stored beside it. coverpruner-run --json and the server's "coverpruner" object report it at the top level.
@@ -126,6 +129,7 @@ class GenerationResult:
             "images": [i.to_dict() for i in self.images],
             "cached_tokens": self.cached_tokens,
             "demand": self.demand,
+            "stop_reason": self.stop_reason,
             "timings": {k: float(v) for k, v in self.timings.items()},
             "decode_tokens_per_s": self.decode_tokens_per_s,
         }

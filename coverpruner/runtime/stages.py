@@ -26,9 +26,12 @@ class Request:
     what was asked (generate's image + prompt are the conversation of one user message).
     budget: kept visual tokens per image, None = "full" (no pruning). demand: "turn" (an image's demand comes from
     its own message) or "latest" (from the last user message).
-    method: a coverpruner.selection name. tau: coverage threshold. stop_ids: token ids that end the answer
-    (empty with ignore_eos). options: the family's request options, resolved (e.g. {"newline_policy": "drop"}).
-    grammar: the checked response_format (runtime.grammar.Grammar) the answer is constrained to, or None.
+    method: a coverpruner.selection name. tau: coverage threshold. stop_ids: the EOS ids that end the answer
+    (finish_reason "eos"; empty with ignore_eos). options: the family's request options, resolved (e.g.
+    {"newline_policy": "drop"}). grammar: the checked response_format (runtime.grammar.Grammar) the answer is
+    constrained to, or None. stop: strings that end the answer where they appear in its text; stop_token_ids:
+    further ids that end it (both finish_reason "stop"; runtime/stop.py). n: answers (forked after one prefill).
+    top_logprobs: None (no logprobs) or the alternatives reported with each token's log-probability (0..20).
     """
 
     conversation: object
@@ -41,6 +44,10 @@ class Request:
     options: dict = field(default_factory=dict)
     demand: str = "turn"
     grammar: object = None
+    stop: tuple = ()
+    stop_token_ids: frozenset = frozenset()
+    n: int = 1
+    top_logprobs: int | None = None
 
     @property
     def seed(self) -> int | None:
@@ -88,11 +95,6 @@ class NativeSequence:
         """The decoder extras of the fed rows (int64 [S] native indices): {name: float [S, d]}; None without
         extras."""
         return {name: values[rows] for name, values in self.extras.items()} or None
-
-    def extras_of(self, rows: np.ndarray) -> dict[str, np.ndarray] | None:
-        """The decoder extras of the fed rows (int64 [S] native indices): {name: float [1, S, d]}, gathered with the
-        same rows as the embeddings (the ``extras=`` of a DecoderLoop / BatchDecoder prefill); None without extras."""
-        return {name: values[rows][None] for name, values in self.extras.items()} or None
 
     def candidates_of(self, j: int) -> np.ndarray:
         """int64 [n_j]: image j's candidates' sequence indices (the probe's visual columns)."""

@@ -3,9 +3,9 @@
 
 ``create_app(config)`` loads ``config.workers`` pipelines and returns the app; the same app runs under
 uvicorn (``coverpruner-serve``) and inside each Ray Serve replica (``serving.ray_app``). Answers equal
-``Pipeline.generate`` with the same image, prompt and options: the request is translated to
-``Pipeline.stream`` arguments and the text pieces are passed on unchanged (cut only at a ``stop``
-string).
+``Pipeline.chat`` with the same messages and options: each HTTP request becomes one GenerationOptions and one
+runtime Request (built once, ``Pipeline.chat_request``), which a worker's engine loop answers; its text pieces are
+passed on unchanged (stop strings are matched inside the loop).
 """
 
 from __future__ import annotations
@@ -31,20 +31,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.integers import ascii_int
 from coverpruner.runtime import Pipeline, grammar
-from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES
+from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
-from coverpruner.serving.choices import End, TokenText, chat_logprobs
+from coverpruner.serving.choices import End, TokenText, chat_logprobs, items
 from coverpruner.runtime.messages import check_part_count
 from coverpruner.serving import json_body
 from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
-from coverpruner.serving.memory import release_freed_memory
+from coverpruner.serving.memory import map_large_blocks, release_freed_memory
 from coverpruner.serving.metrics import ServerMetrics
 from coverpruner.serving.request import GenerationRequest, build_request, pipeline_options
 from coverpruner.serving.endpoints import MAX_PROMPTS
 from coverpruner.serving.schema import BODY_NAMES
-from coverpruner.serving.stop import MAX_STOP_STRINGS
 from coverpruner.serving.schema import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                         Choice, ChunkChoice, Delta, Usage)
 from coverpruner.serving import tools
@@ -55,7 +54,7 @@ from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 log = logging.getLogger("coverpruner.serving")
 
 #: Pipeline finish reasons -> OpenAI's
-_FINISH = {"eos": "stop", "grammar": "stop", "length": "length", "context": "length"}
+_FINISH = {"eos": "stop", "stop": "stop", "grammar": "stop", "length": "length", "context": "length"}
 #: How often a waiting request checks whether its client is still connected (seconds).
 _DISCONNECT_POLL_S = 0.25
 #: Largest request body (bytes): a 32 MiB image as base64 (42.7 MiB) plus room for the text. Checked from
@@ -83,7 +82,9 @@ class ServerConfig:
     engine_dir: str
     workers: int = 1
     provider: str = "cpu"
-    threads: int | None = None  # ORT intra-op threads per pipeline (None: cores // workers)
+    threads: int | None = None  # ORT intra-op threads of each pipeline's decoder (None: cores // workers)
+    #: ORT intra-op threads of each pipeline's vision, probe and selector graphs (None: threads)
+    admission_threads: int | None = None
     max_queue: int = 16
     model_name: str | None = None  # default: the engine dir's name
     allow_local_files: bool = False
@@ -111,6 +112,8 @@ class ServerConfig:
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS
     #: a request body must arrive whole within this many seconds of its headers (else 408, connection closed)
     body_timeout_s: float = BODY_TIMEOUT_S
+    #: tokens one engine step may run (decodes + prefill chunks; runtime/scheduler.py); None: the engine's default
+    max_step_tokens: int | None = None
 
     @property
     def served_name(self) -> str:
@@ -142,9 +145,11 @@ class ServerState:
 
     def __init__(self, config: ServerConfig):
         self.config = config
+        map_large_blocks()  # large images' memory goes back to the OS when freed (serving/memory.py)
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
-                                        selector=config.selector, prefix_cache_mb=config.prefix_cache_mb)
+                                        selector=config.selector, prefix_cache_mb=config.prefix_cache_mb,
+                                        admission_threads=config.admission_threads)
                           for _ in range(config.workers)]
         for pipeline in self.pipelines:
             pipeline.max_video_pixels = config.max_video_pixels
@@ -158,15 +163,11 @@ class ServerState:
                                if self.takes_video else MAX_BODY_BYTES)
         self.created = int(time.time())
         self.max_batch = resolve_max_batch(config, self.pipelines[0])
-        if self.max_batch > 1:
-            from coverpruner.serving.batched_workers import BatchedWorkerPool
-
-            context = config.batch_context or min(self.pipelines[0].max_positions, 4096)
-            self.pool = BatchedWorkerPool(self.pipelines, self.max_batch, config.max_queue, context,
-                                          on_finish=self._finished)
-        else:
-            self.pool = WorkerPool(self.pipelines, config.max_queue, on_finish=self._finished)
-        #: requests admitted at once (running + queued) before a 503: both pools' bound
+        # built here, in the caller's thread, so a dir that cannot batch fails at start-up in one line
+        context = (config.batch_context or min(self.pipelines[0].max_positions, 4096)) if self.max_batch > 1 else None
+        engines = [p.engine(self.max_batch, context, config.max_step_tokens, threaded=True) for p in self.pipelines]
+        self.pool = WorkerPool(engines, config.max_queue, on_finish=self._finished)
+        #: requests admitted at once (running + queued) before a 503
         self.capacity = config.workers * self.max_batch + config.max_queue
         self.metrics = ServerMetrics(self.pool)
         self.token_text = TokenText(self.pipelines[0].encoder.tokenizer)  # logprob entries' token strings
@@ -240,16 +241,23 @@ def create_app(config: ServerConfig) -> FastAPI:
             raise _unknown_model(req.model, state)
         _check_n(req.n, state)
 
-        def check(messages: list, options: dict) -> None:
-            # Pipeline.chat_request checks every option, every message and the text's size at the call, before
-            # any work: first without the images (not yet fetched or decoded), then with them (their number)
+        def bound(options: dict) -> None:  # the server's own settings, before the options are built
             if config.max_images is not None:
                 options["max_images"] = config.max_images
             _bound_video_frames(options, state)
+
+        def check(messages: list, options) -> None:
+            # the pipeline's checks of every option, message and the text's size, before any image is fetched
             try:
-                state.pipelines[0].chat_request(messages, **options)
+                state.pipelines[0].check_chat(messages, options=options)
             except CoverPrunerError as exc:
-                raise _api_error_from(exc, GenerationRequest(messages, options)) from None
+                raise _api_error_from(exc) from None
+
+        def build(gen: GenerationRequest) -> None:  # the one runtime Request of this HTTP request
+            try:
+                gen.request = state.pipelines[0].chat_request(gen.messages, options=gen.options)
+            except CoverPrunerError as exc:
+                raise _api_error_from(exc) from None
 
         tool = await run_in_threadpool(tools.plan, req, state.pipelines[0].grammars)  # 400 naming tools / tool_choice
         if tool is not None:
@@ -258,16 +266,16 @@ def create_app(config: ServerConfig) -> FastAPI:
             await _compile_grammar(state, req.response_format, "tools" if tool is not None else "response_format")
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
-                                      state.family, config.max_video_bytes, state.takes_video)
+                                      state.family, config.max_video_bytes, state.takes_video, bound)
         gen.tool = tool
-        await run_in_threadpool(check, gen.messages, gen.options)
+        await run_in_threadpool(build, gen)
         parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
         if pixels <= _LARGE_IMAGE_PIXELS and not any(p["type"] == "video" for p in parts):  # frames: large too
             return await _answer(state, request, gen, arrived, render)
 
         def release() -> None:  # in a worker thread: malloc_trim walks every arena
-            gen.messages = None
+            gen.messages = gen.request = None
             release_freed_memory()
 
         try:
@@ -346,7 +354,7 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest, 
     if left is not None and left <= 0:
         raise _timeout_error(state)
     loop = asyncio.get_running_loop()
-    job = Job(None, None, gen.options, loop, messages=gen.messages, n=gen.n, top_logprobs=gen.top_logprobs)
+    job = Job(gen.request, loop)
     try:
         state.pool.submit(job)
     except QueueFull as exc:
@@ -359,7 +367,7 @@ async def _answer(state: ServerState, request: Request, gen: GenerationRequest, 
         if first[0] == "timeout":
             raise _timeout_error(state)
         if first[0] == "error":
-            raise _api_error_from(first[1], gen)
+            raise _api_error_from(first[1])
         if first[0] == "cancelled":
             return Response(status_code=499)  # nobody is listening
         meta = _Meta(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.model_name)
@@ -489,7 +497,7 @@ def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "coverpruner"}
 
 
-def _api_error_from(exc: Exception, gen: GenerationRequest) -> APIError:
+def _api_error_from(exc: Exception) -> APIError:
     """A pipeline exception -> APIError: its code and param as raised (serving.errors.ERROR_STATUS gives the status
     and type), 500 internal_error for anything that is not a CoverPrunerError."""
     if isinstance(exc, APIError):
@@ -541,21 +549,18 @@ def _coverpruner(result) -> dict:
 
 
 def finish_reason(end: End) -> str:
-    """OpenAI's finish_reason of an answer: "stop" for a stop string or EOS, "length" at max_tokens or the
-    context's end."""
-    return "stop" if end.stopped else _FINISH.get(end.result.finish_reason, end.result.finish_reason)
+    """OpenAI's finish_reason of an answer: "stop" for a stop string, a stop id or EOS, "length" at max_tokens or
+    the context's end."""
+    return _FINISH.get(end.result.finish_reason, end.result.finish_reason)
 
 
 async def answers(state: ServerState, job: Job, gen: GenerationRequest, event):
-    """A job's events from ``event`` on -> serving.choices Delta / End items of its n answers (stop strings
-    applied); then, where it did not finish, one APIError item (an error or the deadline) or None (cancelled)."""
-    from coverpruner.serving.choices import Answers
-
-    cut = Answers(gen.stop, gen.n)
+    """A job's events from ``event`` on -> serving.choices Delta / End items of its n answers; then, where it did
+    not finish, one APIError item (an error or the deadline) or None (cancelled)."""
     for count in itertools.count(1):
         kind, value = event
         if kind in ("piece", "finish", "done"):
-            for item in cut.feed(kind, value):
+            for item in items(kind, value):
                 if isinstance(item, End):
                     state.metrics.observe_result(item.result)
                 yield item
@@ -563,7 +568,7 @@ async def answers(state: ServerState, job: Job, gen: GenerationRequest, event):
                 state.metrics.requests.labels("ok").inc()
                 return
         else:
-            yield (_timeout_error(state) if kind == "timeout" else _api_error_from(value, gen)
+            yield (_timeout_error(state) if kind == "timeout" else _api_error_from(value)
                    if kind == "error" else None)
             return
         if count % _EVENTS_PER_TURN == 0:  # a queue of thousands of ready events would not yield otherwise

@@ -1,10 +1,11 @@
 """A request's answers as the handlers read them: n choices (OpenAI's ``n``), each with its text pieces, its
 per-token logprobs and its end, whichever endpoint formats them (chat completions, completions, responses).
 
-The worker pools emit ``Piece`` / ``Finished`` values (serving.workers.Job); ``answers`` turns a job's event queue
-into per-choice deltas, cut at the request's stop strings (one StopMatcher per choice), and the ``*_logprobs``
-helpers give OpenAI's two logprob shapes: chat's ``{"content": [{token, logprob, bytes, top_logprobs}]}`` and the
-legacy completions' ``{tokens, token_logprobs, top_logprobs, text_offset}``.
+The worker pool emits ``Piece`` / ``Finished`` values (serving.workers.Job); ``items`` turns one of a job's events
+into per-choice ``Delta`` / ``End`` items (stop strings were applied where the answers decode: the engine loop,
+runtime/stop.py), and the ``*_logprobs`` helpers give OpenAI's two logprob shapes: chat's ``{"content": [{token,
+logprob, bytes, top_logprobs}]}`` and the legacy completions' ``{tokens, token_logprobs, top_logprobs,
+text_offset}``.
 
 A token's ``bytes`` are its own bytes (TokenText: byte-level BPE's character <-> byte table, Metaspace's word-start
 mark as a space) and its string their UTF-8 decoding; a token that holds part of a character is written
@@ -18,7 +19,6 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from coverpruner.runtime.logprobs import TokenLogprob
-from coverpruner.serving.stop import StopMatcher
 
 
 class Piece(NamedTuple):
@@ -36,17 +36,9 @@ class Finished(NamedTuple):
     result: object
 
 
-def piece_of(value) -> Piece:
-    return value if isinstance(value, Piece) else Piece(value)
-
-
-def finished_of(value) -> Finished:
-    return value if isinstance(value, Finished) else Finished(0, value)
-
-
 @dataclass
 class Delta:
-    """What one event added to choice ``index``: text (after its stop strings) and logprobs of its tokens."""
+    """What one event added to choice ``index``: text and logprobs of its tokens."""
 
     index: int
     text: str = ""
@@ -55,34 +47,20 @@ class Delta:
 
 @dataclass
 class End:
-    """Choice ``index`` ended: its GenerationResult; ``stopped`` when a stop string cut it."""
+    """Choice ``index`` ended: its GenerationResult (finish_reason "stop" when a stop string or stop id ended it)."""
 
     index: int
     result: object
-    stopped: bool
 
 
-class Answers:
-    """Per-choice stop matching of a job's events. ``feed(kind, value)`` -> [Delta | End]; kinds other than
-    piece / finish / done are the caller's (error, timeout, cancelled)."""
-
-    def __init__(self, stops: list[str], n: int):
-        self.matchers = [StopMatcher(stops) for _ in range(n)]
-
-    def feed(self, kind: str, value) -> list:
-        if kind == "piece":
-            piece = piece_of(value)
-            matcher = self.matchers[piece.index]
-            if matcher.stopped:  # what follows a stop string is not part of the answer
-                return []
-            text, _ = matcher.push(piece.text)
-            if not text and piece.logprob is None:
-                return []
-            return [Delta(piece.index, text, [piece.logprob] if piece.logprob is not None else [])]
-        index, result = finished_of(value)
-        matcher = self.matchers[index]
-        tail = matcher.flush()
-        return ([Delta(index, tail)] if tail else []) + [End(index, result, matcher.stopped)]
+def items(kind: str, value) -> list:
+    """One job event ("piece" Piece, "finish" / "done" Finished) -> [Delta] / [End]; [] for a piece that carries
+    neither text nor a logprob."""
+    if kind == "piece":
+        if not value.text and value.logprob is None:
+            return []
+        return [Delta(value.index, value.text, [value.logprob] if value.logprob is not None else [])]
+    return [End(value.index, value.result)]
 
 
 # -- token strings ----------------------------------------------------------------------------------

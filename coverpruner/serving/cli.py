@@ -76,11 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--batch-context", type=cli_int, default=None,
                      help="KV tokens per batched request (prompt after pruning + answer; default min(model max, "
                           "4096)): the batch cache is layers x 2 x max_batch x kv_heads x this x head_dim floats")
+    eng.add_argument("--max-step-tokens", type=cli_int, default=None,
+                     help="rows one batched engine step may run: every running request's token first, then prefill "
+                          "chunks of new requests, so a long prompt is prefilled across steps and running streams "
+                          "keep their pace (default 32, at least --max-batch)")
     eng.add_argument("--max-queue", type=cli_int, default=16,
                      help="requests that may wait for a worker; more get 503 at once (default 16)")
     eng.add_argument("--provider", default="cpu", help=f"execution provider: {', '.join(PROVIDERS)} (default cpu)")
     eng.add_argument("--threads", type=cli_int, default=None,
-                     help="intra-op threads per pipeline (default cores/workers)")
+                     help="intra-op threads of each pipeline's decoder (default cores/workers)")
+    eng.add_argument("--admission-threads", type=cli_int, default=None,
+                     help="intra-op threads of each pipeline's vision, probe and selector graphs, which run beside "
+                          "the decode steps (default: --threads)")
     eng.add_argument("--max-images", type=cli_int, default=None,
                      help="most images per request (default: the engine dir's, 8); more is a 400 too_many_images")
     eng.add_argument("--prefix-cache-mb", type=float, default=256,
@@ -109,8 +116,12 @@ def check_args(args) -> None:
         raise UsageError(f"--batch-context must be >= 2, got {args.batch_context}")
     if args.max_queue < 0:
         raise UsageError(f"--max-queue must be >= 0, got {args.max_queue}")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    for flag, value in (("--threads", args.threads), ("--admission-threads", args.admission_threads)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.max_step_tokens is not None and args.max_step_tokens < max(args.max_batch or 1, 1):
+        raise UsageError(f"--max-step-tokens must be >= --max-batch ({args.max_batch or 1}), got "
+                         f"{args.max_step_tokens}")
     if args.provider not in PROVIDERS:
         raise UsageError(f"unknown provider {args.provider!r}; expected one of {list(PROVIDERS)}")
     if args.budget is not None:
@@ -150,7 +161,8 @@ def _config(args):
                         allow_local_files=args.allow_local_files, allow_remote_images=args.allow_remote_images,
                         selector=args.selector, budget=args.budget, method=args.method, max_batch=args.max_batch,
                         batch_context=args.batch_context, max_images=args.max_images,
-                        prefix_cache_mb=args.prefix_cache_mb,
+                        prefix_cache_mb=args.prefix_cache_mb, admission_threads=args.admission_threads,
+                        max_step_tokens=args.max_step_tokens,
                         **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}),
                         **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),
                         max_video_frames=args.max_video_frames,

@@ -2,8 +2,8 @@
 
 Decoding and resizing a multi-megapixel image allocates and frees hundreds of MiB; glibc keeps freed blocks
 in its arenas (one per thread that allocated), so the server's RSS stayed ~500 MB higher after large images.
-``malloc_trim(0)`` returns the free pages of every arena. A no-op where the C library has no malloc_trim
-(musl, macOS, Windows).
+``malloc_trim(0)`` returns the free pages of every arena, and ``map_large_blocks`` keeps the large blocks out of
+the arenas in the first place. Both are no-ops where the C library has neither (musl, macOS, Windows).
 """
 
 from __future__ import annotations
@@ -13,13 +13,34 @@ import ctypes.util
 import functools
 
 
+#: glibc's mallopt parameter M_MMAP_THRESHOLD, and the size from which blocks are mapped on their own
+_M_MMAP_THRESHOLD = -3
+LARGE_BLOCK_BYTES = 4 * 2 ** 20
+
+
 @functools.lru_cache(maxsize=1)
-def _malloc_trim():
+def _libc():
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
+
+
+def _malloc_trim():
+    return getattr(_libc(), "malloc_trim", None)
+
+
+def map_large_blocks() -> None:
+    """Blocks of LARGE_BLOCK_BYTES and more (a decoded image's strips, its resized copies, a request's native
+    sequence) are mapped on their own and unmapped when freed. glibc's default raises its mmap threshold to the size
+    of the largest block freed (up to 32 MiB) and then carves such blocks out of the thread's arena, where they
+    fragment: with the engine's admission worker (a thread and an arena of its own) beside the decode workers, RSS
+    stayed 40-100 MB higher after two 36-megapixel images despite malloc_trim; with the fixed threshold it returns to
+    within ~10 MB (tests/serving/test_limits.py). Once per process; blocks below the threshold (a step's logits, a
+    token's embedding) are untouched."""
+    mallopt = getattr(_libc(), "mallopt", None)
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES)
 
 
 def release_freed_memory() -> None:

@@ -1,4 +1,5 @@
-"""From a validated ChatCompletionRequest to what ``Pipeline.chat_stream`` takes: messages, options.
+"""From a validated ChatCompletionRequest to what ``Pipeline.chat_request`` takes: messages and one typed
+GenerationOptions (built and validated once, here; the app then builds the runtime Request once from both).
 
 A request is a conversation (system, user and assistant messages, any number of images up to the server's
 max images, text-only turns). The image_url parts are decoded here (the server's rules for data: URLs, local
@@ -14,15 +15,14 @@ name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from coverpruner.runtime.errors import OptionError
-from coverpruner.runtime.options import METHODS, parse_budget
+from coverpruner.runtime.errors import CoverPrunerError, OptionError
+from coverpruner.runtime.options import METHODS, GenerationOptions, parse_budget
 from coverpruner.selection import METHOD_OPTIONS
-from coverpruner.serving.errors import bad_request
+from coverpruner.serving.errors import bad_request, from_pipeline_error
 from coverpruner.serving.images import load_image_url
-from coverpruner.serving.schema import REFUSED_FIELDS, REFUSED_UNLESS, ChatCompletionRequest, extra_fields
-from coverpruner.serving.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from coverpruner.serving.schema import BODY_NAMES, REFUSED_FIELDS, REFUSED_UNLESS, ChatCompletionRequest, extra_fields
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, load_video_url, sampling_fields
 
 #: OpenAI roles the pipeline takes ("developer" is OpenAI's newer name for a system message)
@@ -45,48 +45,53 @@ def pipeline_options(pipeline=None) -> dict:
 
 @dataclass
 class GenerationRequest:
-    """One request ready for a worker: messages (images decoded to PIL) and the options by name (GenerationOptions
-    fields and family options: Pipeline.chat_stream's keyword arguments)."""
+    """One request on its way to a worker: messages (images decoded to PIL), its GenerationOptions (stop strings,
+    n and logprobs included), the streaming settings, a forced tool call, and ``request``: the runtime Request the
+    app builds once from messages and options (Pipeline.chat_request), which the worker submits as it is."""
 
     messages: list
-    options: dict
-    stop: list[str] = field(default_factory=list)
+    options: GenerationOptions
     stream: bool = False
     include_usage: bool = False
-    n: int = 1  # answers (serving.choices)
-    top_logprobs: int | None = None  # None: no logprobs
     tool: object = None  # serving.tools.ToolPlan of a forced tool call
+    request: object = None  # runtime.stages.Request
+
+    @property
+    def n(self) -> int:
+        return self.options.n
+
+    @property
+    def top_logprobs(self) -> int | None:
+        """None (no logprobs) or the alternatives reported per token."""
+        return self.options.logprob_count
 
 
 def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files: bool,
                   allow_remote_images: bool, allowed: dict | None = None, validate=None,
                   remote_timeout_s: float | None = None, family: str | None = None,
-                  max_video_bytes: int = MAX_VIDEO_BYTES, takes_video: bool = False) -> GenerationRequest:
+                  max_video_bytes: int = MAX_VIDEO_BYTES, takes_video: bool = False, bound=None) -> GenerationRequest:
     """Check the messages and options, then decode the images and read the videos. Raises APIError(400) naming
     the field.
 
     defaults: the engine manifest's defaults (``budget``, ``method``) used when the body has none.
     allowed: the extra fields accepted (default ``pipeline_options()`` without a loaded pipeline).
+    bound(options): the server's own settings and bounds applied to the options by name (max_images, video
+    frames) before they become the one GenerationOptions of the request.
     validate(messages, options): the pipeline's own checks (options, prompt size, messages; the image parts left
-    out), run before any image is
-    fetched or decoded so that a bad option costs no decoding.
+    out: Pipeline.check_chat), run before any image is fetched or decoded so that a bad option costs no decoding.
     family: the engine's family (manifest ``family``), named in the refusal of a video part.
     max_video_bytes: largest encoded video (``--max-video-bytes``).
     takes_video: whether the engine takes video (the app reads it from the family's request options, so serving
     keeps no list of families); video_url parts are refused (400 video_not_supported) otherwise.
     """
     pending = _conversation(req, family, takes_video)
-    options = _options(req, defaults, pipeline_options() if allowed is None else allowed)
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if any(not s for s in stop):
-        raise bad_request("stop strings must not be empty", "stop")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise bad_request(f"stop holds {len(stop)} strings; at most {MAX_STOP_STRINGS}", "stop")
-    longest = max(stop, key=len, default="")
-    if len(longest) > MAX_STOP_CHARS:
-        raise bad_request(f"stop string {stop.index(longest)} is {len(longest)} characters; at most {MAX_STOP_CHARS}",
-                          "stop")
-    _check_text(stop, "stop")
+    named = _options(req, defaults, pipeline_options() if allowed is None else allowed)
+    if bound is not None:
+        bound(named)
+    try:
+        options = GenerationOptions.of(None, **named)
+    except CoverPrunerError as exc:
+        raise from_pipeline_error(exc, BODY_NAMES) from None
     if validate is not None:
         validate(_without_images(pending), options)
     timeout = {} if remote_timeout_s is None else {"timeout_s": remote_timeout_s}
@@ -103,16 +108,7 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
 
     messages = [msg if isinstance(msg["content"], str) else {**msg, "content": [fetch(p) for p in msg["content"]]}
                 for msg in pending]
-    return GenerationRequest(messages, options, stop, req.stream,
-                             bool(req.stream_options and req.stream_options.include_usage), *answer_fields(req))
-
-
-def answer_fields(req: ChatCompletionRequest) -> tuple[int, int | None]:
-    """(n, top_logprobs or None) of a request; top_logprobs asks for logprobs too, so it needs logprobs true
-    (as OpenAI: a 400 naming top_logprobs otherwise). logprobs true alone reports no alternatives (0)."""
-    if req.top_logprobs is not None and not req.logprobs:
-        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
-    return req.n or 1, ((req.top_logprobs or 0) if req.logprobs else None)
+    return GenerationRequest(messages, options, req.stream, bool(req.stream_options and req.stream_options.include_usage))
 
 
 def _check_text(texts, param: str) -> None:
@@ -227,7 +223,7 @@ def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
         opts["seed"] = req.seed
     if req.response_format is not None:  # the body's, or a forced tool call's (serving.tools, set by the app)
         opts["response_format"] = req.response_format
-    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "stop", "n", "logprobs", "top_logprobs"):
         if getattr(req, name) is not None:
             opts[name] = getattr(req, name)
     if "budget" in allowed:

@@ -17,13 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import dataclasses
 
-from coverpruner.runtime.logprobs import MAX_TOP_LOGPROBS
-from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, GenerationOptions
+from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS, GenerationOptions
 
 #: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
                  "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-                 "logit_bias": "logit_bias", "response_format": "response_format"}
+                 "logit_bias": "logit_bias", "response_format": "response_format", "stop": "stop", "n": "n",
+                 "logprobs": "logprobs", "top_logprobs": "top_logprobs"}
 #: OpenAI body fields this server takes but that change nothing here (bookkeeping for OpenAI's own platform)
 NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
 #: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the
@@ -39,7 +39,7 @@ REFUSED_FIELDS = {
 #: the value of a refused field that asks for nothing (taken silently)
 REFUSED_UNLESS = {"modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
-EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos")
+EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids")
 #: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
 #: extra fields under their own names)
 SERVER_FIELDS = ("max_images", "family")

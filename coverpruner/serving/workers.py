@@ -1,45 +1,50 @@
-"""N pipelines behind a bounded queue, each generation in a worker thread, cancellable per token
-(``coverpruner-serve --max-batch 1``, and every standard-form dir).
+"""The server's one engine driver: N worker threads, each driving its own engine loop (runtime/engine.py) of
+``max_batch`` slots, behind one bounded queue (``coverpruner-serve --workers N --max-batch B``; B = 1 is the same
+driver over an engine of one slot, any decoder form).
 
-Every worker thread owns one ``Pipeline`` (its KV-cache buffers and prefix cache are per instance) and runs
-Pipeline.stream / chat_stream: the engine loop (runtime/engine.py) with one request. ``submit`` admits a
-request only while fewer than ``workers + max_queue`` are admitted, so a full server answers 503 at
-once instead of letting latency grow without bound. A request's events (text pieces, then the
-GenerationResult or an error) reach the event loop through an asyncio queue; ``cancel()`` (a client
-that went away, a stop string) makes the worker stop pulling tokens after the current one and free
-its pipeline.
+Every worker thread owns one Pipeline's engine (``Pipeline.engine``: its KV slots, prefix cache and admission
+worker). A worker takes jobs from the shared queue while its engine holds fewer than ``max_batch`` requests and
+submits each job's runtime Request (built once by the app) as it is; every loop turn is one engine step: the
+scheduler's plan (running decodes first, then prefill chunks of requests whose inputs are ready, under the step's
+token budget) in one batched decoder call, while the admission worker prepares the next requests (vision, probe,
+selection) beside it. ``submit`` admits a request only while fewer than ``workers * max_batch + max_queue`` are
+admitted, so a full server answers 503 at once instead of letting latency grow without bound. A request's events
+(``serving.choices.Piece`` / ``Finished``, then its end) reach the event loop through an asyncio queue;
+``cancel()`` (a client that went away, the deadline) drops it from its engine before the next step, in whichever
+stage it is (waiting, being prepared, prefilling or decoding).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from coverpruner.runtime.errors import CoverPrunerError
+from coverpruner.serving.choices import Finished, Piece
 
 log = logging.getLogger("coverpruner.serving")
 
+#: how long an idle worker waits for a job, and how long a step waits for an admission to finish, before it looks
+#: at cancellations again (seconds)
+_POLL_S = 0.05
+
 
 class QueueFull(Exception):
-    """Raised by submit when workers + max_queue requests are already admitted."""
+    """Raised by submit when workers * max_batch + max_queue requests are already admitted."""
 
 
 class Job:
-    """One admitted request. Events on ``events``: ("piece", str or serving.choices.Piece), ("finish",
-    serving.choices.Finished: one of n answers ended, others go on), ("done", GenerationResult or Finished: the
-    last answer), ("error", exception) or ("cancelled", None) — done / error / cancelled always end the job —
-    and ("timeout", None) from ``expire``, put by the event loop itself so the handler answers without waiting
-    for the worker. n: answers (forked in the engine loop); top_logprobs: None or 0..20 (per-token logprobs)."""
+    """One admitted request: its runtime Request (runtime.stages.Request, with its n answers and logprob setting).
+    Events on ``events``: ("piece", Piece), ("finish", Finished: one of n answers ended, others go on), ("done",
+    Finished: the last answer), ("error", exception) or ("cancelled", None) — done / error / cancelled always end
+    the job — and ("timeout", None) from ``expire``, put by the event loop itself so the handler answers without
+    waiting for the worker."""
 
-    def __init__(self, image, prompt: str | None, options: dict, loop: asyncio.AbstractEventLoop, messages=None,
-                 n: int = 1, top_logprobs: int | None = None):
-        # messages: a conversation for Pipeline.chat_stream; else image + prompt for Pipeline.stream
-        self.image, self.prompt, self.options, self.messages = image, prompt, options, messages
-        self.n, self.top_logprobs, self.left = n, top_logprobs, n
+    def __init__(self, request, loop: asyncio.AbstractEventLoop):
+        self.request = request  # dropped once submitted: the engine holds it (and its images) while it needs them
+        self.n = self.left = request.n
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self._cancel = threading.Event()
@@ -49,8 +54,8 @@ class Job:
         self._cancel.set()
 
     def expire(self) -> None:
-        """The request's deadline passed (call in the event loop): the worker stops after its current token
-        (or never starts), and the handler wakes at once."""
+        """The request's deadline passed (call in the event loop): its worker drops it before the next step (or
+        never starts it), and the handler wakes at once."""
         self.timed_out = True
         self.cancel()
         self.events.put_nowait(("timeout", None))
@@ -59,22 +64,10 @@ class Job:
     def cancelled(self) -> bool:
         return self._cancel.is_set()
 
-    @property
-    def detailed(self) -> bool:
-        """Whether the job needs the engine loop's events (n answers or logprobs), not a plain text stream."""
-        return self.n > 1 or self.top_logprobs is not None
-
-    def request(self, pipe):
-        """The job's runtime Request on ``pipe`` (a conversation, or image + prompt); CoverPrunerError if bad."""
-        return (pipe.chat_request(self.messages, **self.options) if self.messages is not None
-                else pipe.request(self.image, self.prompt, **self.options))
-
     def deliver(self, event) -> tuple[str, object] | None:
-        """One runtime.engine.EngineEvent of this job: its piece (a serving.choices.Piece) and an answer that
-        ends while others go on ("finish") are emitted here; the job's end is returned for the pool to emit:
-        ("done", Finished) after the last answer, ("error", exception); None otherwise."""
-        from coverpruner.serving.choices import Finished, Piece
-
+        """One runtime.engine.EngineEvent of this job: its piece and an answer that ends while others go on
+        ("finish") are emitted here; the job's end is returned for the pool to emit: ("done", Finished) after the
+        last answer, ("error", exception); None otherwise."""
         if event.piece or event.logprob is not None:
             self.emit("piece", Piece(event.piece, event.index, event.logprob))
         if event.error is not None:
@@ -95,22 +88,24 @@ class Job:
 
 
 class WorkerPool:
-    """pipelines: one Pipeline per worker thread; max_queue: admitted requests that may wait."""
+    """engines: one runtime engine loop per worker thread (``Pipeline.engine``), each of ``max_batch`` slots;
+    max_queue: admitted requests that may wait for a slot. on_finish(job, outcome) is called in the worker when a
+    job ends ("done", "error", "cancelled")."""
 
-    def __init__(self, pipelines: list, max_queue: int, on_finish=None):
-        if not pipelines:
-            raise ValueError("WorkerPool needs at least one pipeline")
-        self.workers = len(pipelines)
-        self.max_queue = max_queue
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for p in pipelines:
-            self._free.put(p)
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="coverpruner-worker")
+    def __init__(self, engines: list, max_queue: int, on_finish=None):
+        if not engines:
+            raise ValueError("WorkerPool needs at least one engine")
+        self.workers, self.max_batch, self.max_queue = len(engines), engines[0].max_batch, max_queue
+        self._jobs: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self.admitted = 0
         self.running = 0
-        self._on_finish = on_finish  # called in the worker with (job, outcome) when a job ends
-        self._ids = itertools.count()
+        self._on_finish = on_finish
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop, args=(e,), daemon=True, name=f"coverpruner-worker-{i}")
+                         for i, e in enumerate(engines)]
+        for t in self._threads:
+            t.start()
 
     @property
     def queued(self) -> int:
@@ -118,72 +113,77 @@ class WorkerPool:
 
     def submit(self, job: Job) -> None:
         with self._lock:
-            if self.admitted >= self.workers + self.max_queue:
-                raise QueueFull(f"{self.admitted} requests in progress or queued "
-                                f"({self.workers} workers, queue {self.max_queue})")
+            if self.admitted >= self.workers * self.max_batch + self.max_queue:
+                raise QueueFull(f"{self.admitted} requests in progress or queued ({self.workers} workers x batch "
+                                f"{self.max_batch}, queue {self.max_queue})")
             self.admitted += 1
-        self._executor.submit(self._work, job)
+        self._jobs.put(job)
 
-    def _work(self, job: Job) -> None:
-        pipe = self._free.get()
-        with self._lock:
-            self.running += 1
-        outcome = "cancelled"
-        pieces = None
-        try:
+    def _end(self, job: Job, outcome: str, value=None, counted: bool = True) -> None:
+        with self._lock:  # counted out before the client hears of it: its answer means its slot is free
+            self.running -= int(counted)
+            self.admitted -= 1
+        job.emit({"done": "done", "error": "error"}.get(outcome, "cancelled"), value)
+        if self._on_finish is not None:
+            self._on_finish(job, outcome)
+
+    def _take(self, engine, jobs: dict) -> None:
+        """Submit queued jobs while the engine has room (a job takes its n slots); wait for one only when the engine
+        has nothing at all to do."""
+        while sum(j.n for j in jobs.values()) < self.max_batch:
+            try:
+                job = self._jobs.get(timeout=_POLL_S) if not jobs else self._jobs.get_nowait()
+            except queue.Empty:
+                return
             if job.cancelled:  # gave up while queued
-                return
-            if job.detailed:
-                outcome = self._engine(pipe, job)
-                return
-            stream = (pipe.chat_stream(job.messages, **job.options) if job.messages is not None
-                      else pipe.stream(job.image, job.prompt, **job.options))
-            pieces = iter(stream)
-            for piece in pieces:
-                if job.cancelled:
-                    break
-                job.emit("piece", piece)
-            else:
-                outcome = "done"
-                job.emit("done", stream.result)
-        except Exception as exc:  # CoverPrunerError for bad input; anything else is a server error
-            outcome = "error"
-            if not isinstance(exc, CoverPrunerError):
-                log.exception("generation failed")
-            job.emit("error", exc)
-        finally:
-            if pieces is not None:
-                pieces.close()
-            if outcome == "cancelled":
-                job.emit("cancelled", None)
-            self._free.put(pipe)
+                self._end(job, "cancelled", counted=False)
+                continue
+            try:
+                rid = engine.submit(job.request)
+            except CoverPrunerError as exc:
+                self._end(job, "error", exc, counted=False)
+                continue
+            finally:
+                job.request = None
             with self._lock:
-                self.running -= 1
-                self.admitted -= 1
-            if self._on_finish is not None:
-                self._on_finish(job, outcome)
+                self.running += 1
+            jobs[rid] = job
 
-    @staticmethod
-    def _engine(pipe, job: Job) -> str:
-        """A job with logprobs (n is 1 here: n <= the server's max batch) through the engine loop's events,
-        which carry them -> its outcome ("done", "error"; "cancelled" emits nothing)."""
-        from coverpruner.runtime.engine import Engine
+    def _loop(self, engine) -> None:
+        try:
+            self._drive(engine)
+        finally:
+            engine.close()  # its admission worker, from the thread that drives it
 
-        engine = Engine.for_pipeline(pipe)
-        rid = engine.submit(job.request(pipe), job.n, job.top_logprobs)
-        while engine.pending:
-            if job.cancelled:
-                engine.cancel(rid)
-                return "cancelled"
-            for event in engine.step():
+    def _drive(self, engine) -> None:
+        jobs: dict[int, object] = {}  # request id -> job, for the requests in this worker's engine
+        while not self._stop.is_set():
+            self._take(engine, jobs)
+            for rid, job in list(jobs.items()):
+                if job.cancelled and engine.cancel(rid):
+                    self._end(jobs.pop(rid), "cancelled")
+            if not jobs:
+                continue
+            try:
+                events = engine.step(wait=_POLL_S)
+            except Exception as exc:  # a fault of the shared step (the decoder call) fails every request in it
+                log.exception("engine step failed")
+                for rid, job in list(jobs.items()):
+                    engine.cancel(rid)
+                    self._end(jobs.pop(rid), "error", exc)
+                continue
+            for event in events:
+                job = jobs.get(event.request_id)
+                if job is None:  # ended already (an error of another of its answers)
+                    continue
                 end = job.deliver(event)
-                if end is not None:
-                    if end[0] == "error":
-                        raise end[1]
-                    job.emit(*end)
-                    return "done"
-        return "cancelled"  # unreachable: every request ends in an event
+                if end is None:
+                    continue
+                if end[0] == "error":
+                    if not isinstance(end[1], CoverPrunerError):
+                        log.error("generation failed: %s", end[1])
+                    engine.cancel(event.request_id)  # its other answers, if any
+                self._end(jobs.pop(event.request_id), *end)
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-
+        self._stop.set()

@@ -83,6 +83,15 @@ def test_cuda_kv_addresses_what_host_kv_slices(fake_cudart, dtype):
         for got, want in zip(dev.read(slot, n), (keys, values)):
             for g, w in zip(got, want):
                 np.testing.assert_array_equal(g, w)
+    # a block of rows written and read at an offset (the prefix cache's blocks, runtime/prefix_cache.py)
+    keys = tuple(rng.standard_normal((1, h, 3, hd)).astype(dtype) for _ in range(layers))
+    values = tuple(rng.standard_normal((1, h, 3, hd)).astype(dtype) for _ in range(layers))
+    dev.write(3, keys, values, start=4)
+    host.write(3, keys, values, start=4)
+    for got, want in zip(dev.read(3, 5, start=2), host.read(3, 5, start=2)):
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    np.testing.assert_array_equal(host.read(3, 3, start=4)[0][0], keys[0])
     dev.copy_slot(3, 1, 7)
     host.copy_slot(3, 1, 7)
     names = [(f"past.{i}", f"present.{i}") for i in range(2 * layers)]

@@ -77,14 +77,13 @@ def test_manifest_names_a_class_of_lmms(fake_lmms_eval):
 
 
 def test_request_options():
-    from coverpruner.evaluation.lmms_eval_adapter import cut_at_stops, request_options
+    from coverpruner.evaluation.lmms_eval_adapter import request_options
 
     assert request_options({"max_new_tokens": 16, "temperature": 0, "top_p": 1.0, "num_beams": 1,
                             "do_sample": False}) == {"max_new_tokens": 16, "temperature": 0.0, "top_p": 1.0,
-                                                     "until": []}
+                                                     "stop": ()}
     assert request_options({"until": ["ASSISTANT:"]})["max_new_tokens"] == 1024  # lmms-eval llava default
-    assert request_options({"until": "\n\n"})["until"] == ["\n\n"]
-    assert cut_at_stops("yes ASSISTANT: more", ["ASSISTANT:"]) == "yes "
+    assert request_options({"until": "\n\n"})["stop"] == ("\n\n",)
 
 
 @pytest.mark.slow
@@ -100,6 +99,14 @@ def test_generate_until_answers_like_the_pipeline(fake_lmms_eval, tiny_export, e
     expect = [eval_pipe.generate(d["image"], d["q"], budget=16, method="uniform", max_new_tokens=3).text
               for d in docs]
     assert answers == expect
+    # the task's until strings end decoding where they appear (issue 35: stop strings inside the engine loop)
+    from tests.stops import stop_at
+
+    full = eval_pipe.generate(docs[0]["image"], docs[0]["q"], budget=16, method="uniform", max_new_tokens=14)
+    stop, cut = stop_at(eval_pipe.encoder.decode, full.token_ids, 10)
+    (request,) = requests[:1]
+    request.args = (request.args[0], {"max_new_tokens": 200, "until": [stop]}, *request.args[2:])
+    assert model.generate_until([request]) == [cut]
     with pytest.raises(Exception, match="engine"):
         cls(engine=None)
 

@@ -189,3 +189,24 @@ def test_peer_methods_side_by_side(tiny_export, datasets, tmp_path):
     data = json.loads(Image.open(tmp_path / "accuracy_vs_budget.png").text["coverpruner-eval"])
     assert set(data["gqa"]["methods"]) == set(methods)
     assert all(sorted(b for b, _ in pts) == [16, 32] for pts in data["gqa"]["methods"].values())
+
+
+def test_stop_string_ends_decoding(tiny_export, eval_pipe, datasets, tmp_path):
+    """Issue 35: --stop ends an answer where the string appears, inside the engine loop: a stop string the first
+    sample's answer completes at its 10th token, with --max-new-tokens 200, gives a prediction of 10 tokens that
+    stops before the string."""
+    import io
+
+    from tests.stops import stop_at
+
+    image = Image.open(io.BytesIO(png_bytes(SEEDS[0]))).convert("RGB")
+    want = eval_pipe.generate(image, QUESTIONS[0] + "\nAnswer the question using a single word or phrase.",
+                              budget="full", max_new_tokens=14)
+    assert want.finish_reason == "length"  # the tiny model's answer runs past the stop
+    stop, cut = stop_at(eval_pipe.encoder.decode, want.token_ids, 10)
+    assert main(["run", str(tiny_export), "--task", "gqa", "--data", str(datasets["gqa"]), "--out", str(tmp_path),
+                 "--limit", "1", "--budgets", "full", "--max-new-tokens", "200", "--stop", stop, "--threads", "1",
+                 "--no-progress"]) == 0
+    (row,) = _lines(tmp_path / "gqa" / "predictions.jsonl")
+    assert (row["prediction"], row["finish_reason"], row["completion_tokens"]) == (cut, "stop", 10)
+    assert json.loads((tmp_path / "gqa" / "run.json").read_text())["stop"] == [stop]

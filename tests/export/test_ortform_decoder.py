@@ -290,3 +290,47 @@ def test_prompts_with_positions_of_their_own_prefill_alone(qwen):
     dec = BatchDecoder(session, 4, 64, d["layers"], d["kv_heads"], d["head_dim"], _rotary(graph))
     _admit_and_check(dec, session, lambda b, n: _qwen_reference(model, embeds[b][None, :n], positions[b][:, :n]),
                      embeds, positions, 2)
+
+
+def test_chunked_prefill_beside_decodes_matches_transformers(qwen):
+    """Issue 35's chunked prefill: request A decodes while B (37 M-RoPE rows) and C (29 rows after a restored prefix
+    of 16, appended as two 8-row blocks) prefill in chunks of up to 8 rows across steps: a chunk's rows but its
+    last through ``extend``, its last row in the shared ``step`` beside A's token (every slot is fed one row a
+    step). A's logits every step and B's and C's first logits equal transformers' on each one's own sequence;
+    ``fork`` then copies B into a new slot whose next step equals B's own."""
+    model, graph, d = qwen
+    rng = np.random.default_rng(11)
+    total = {"A": 12, "B": 37, "C": 45}
+    embeds = {k: (rng.standard_normal((n + 12, d["hidden"])) * 0.5).astype(np.float32) for k, n in total.items()}
+    pos = {k: _qwen_positions(n + 12) for k, n in total.items()}
+    ref = lambda k, n: _qwen_reference(model, embeds[k][None, :n], pos[k][:, :n])  # noqa: E731
+    alone = _loop(graph, d)
+    alone.reset(64)
+    alone.forward(embeds["C"][None, :16], pos["C"][:, None, :16])
+    prefix = alone.snapshot()
+    dec = _batch(graph, d, 4, 64)
+    h = {"A": dec.open()}
+    dec.extend([(h["A"], embeds["A"][:11], pos["A"][:, :11])])
+    h["B"], h["C"] = dec.open(), dec.open()
+    for cut in (slice(0, 8), slice(8, 16)):
+        dec.append(h["C"], tuple(a[:, :, cut] for a in prefix.keys), tuple(a[:, :, cut] for a in prefix.values))
+    done = {"A": 11, "B": 0, "C": 16}
+    first = {}
+    while len(first) < 3:
+        chunks = {k: min(done[k] + 8, total[k]) for k in ("B", "C") if done[k] < total[k]}
+        dec.extend([(h[k], embeds[k][done[k]:stop - 1], pos[k][:, done[k]:stop - 1])
+                    for k, stop in chunks.items() if stop - 1 > done[k]])
+        rows = {k: chunks.get(k, done[k] + 1) - 1 for k in h}  # A and finished ones: their next row
+        got = dec.step({h[k]: (embeds[k][r], pos[k][:, r]) for k, r in rows.items()})
+        for k, r in rows.items():
+            done[k] = r + 1
+            if k == "A" or done[k] == total[k]:
+                np.testing.assert_allclose(got[h[k]], ref(k, r + 1), atol=ATOL, rtol=0)
+                first.setdefault(k, r + 1)
+    assert first["B"] == 37 and first["C"] == 45
+    (fork,) = dec.fork(h["B"], 1)
+    rows = {k: done[k] for k in h}
+    got = dec.step({**{h[k]: (embeds[k][r], pos[k][:, r]) for k, r in rows.items()},
+                    fork: (embeds["B"][rows["B"]], pos["B"][:, rows["B"]])})
+    np.testing.assert_array_equal(got[fork], got[h["B"]])
+    np.testing.assert_allclose(got[h["B"]], ref("B", rows["B"] + 1), atol=ATOL, rtol=0)

@@ -73,8 +73,8 @@ def test_peer_methods_keep_their_literal_references_tokens(pipe, demo_image, met
     native = pipe.native_sequence(request)
     feats = np.asarray(native.spans[0].features, np.float32)
     assert pipe.selector_for(len(feats), method) == "onnx"
-    ran, real = [], pipe.select_onnx
-    monkeypatch.setattr(pipe, "select_onnx", lambda *a: ran.append(a[4]) or real(*a))
+    ran, real = [], pipe.model.select_onnx  # the model runs the selector graphs (runtime/model.py)
+    monkeypatch.setattr(pipe.model, "select_onnx", lambda *a: ran.append(a[4]) or real(*a))
     r = pipe.generate(demo_image, Q, budget=20, method=method, max_new_tokens=2, **options)
     assert ran == [method]
     if method == "dart":
@@ -170,12 +170,12 @@ def test_auto_selector_runs_selector_onnx_except_numpys_float32_range_on_cpu(pip
     run it at every n); on the CPU provider above 2,048 candidates numpy does, whose float32 similarity is a syrk
     (half the GEMM flops ONNX Runtime runs)."""
     calls = []
-    real = pipe.select_onnx
-    monkeypatch.setattr(pipe, "select_onnx", lambda *a: calls.append(1) or real(*a))
+    real = pipe.model.select_onnx  # the model runs the selector graphs (runtime/model.py)
+    monkeypatch.setattr(pipe.model, "select_onnx", lambda *a: calls.append(1) or real(*a))
     pipe.generate(demo_image, Q, budget=16, max_new_tokens=4)
     assert calls == [1]
     assert [pipe.selector_for(n) for n in (1, 2048, 2049, 2880, 65536)] == ["onnx"] * 2 + ["numpy"] * 3
-    monkeypatch.setattr(pipe, "provider", "cuda")
+    monkeypatch.setattr(pipe.model, "provider", "cuda")
     assert [pipe.selector_for(n) for n in (1, 2880, 16384, 65536)] == ["onnx"] * 4
 
 

@@ -85,6 +85,27 @@ def test_stop_string_cuts_the_answer(client, reference, demo_png):
     assert text == cut
 
 
+def test_stop_string_ends_decoding_where_it_matches(client, reference, demo_png, server):
+    """Issue 35: a stop string completed by token 10 of a max_tokens 200 request ends decoding there: usage counts
+    the tokens up to that one, the answer stops before the string (streamed too: no part of it leaks), and the
+    request's slot is free when the answer arrives."""
+    import json
+    import urllib.request
+
+    from tests.stops import stop_at
+
+    want = reference.generate(Image.open(io.BytesIO(demo_png)), PROMPT, budget=16, max_new_tokens=14, ignore_eos=True)
+    stop, cut = stop_at(reference.encoder.decode, want.token_ids, 10)
+    kwargs = dict(model="tiny", messages=user_message(data_url(demo_png)), max_tokens=200,
+                  extra_body={"budget": 16, "ignore_eos": True}, stop=[stop])
+    r = client.chat.completions.create(**kwargs)
+    assert (r.choices[0].message.content, r.choices[0].finish_reason) == (cut, "stop")
+    assert r.usage.completion_tokens == 10
+    assert json.loads(urllib.request.urlopen(f"{server}/health").read())["running"] == 0
+    text, chunks = _stream_text(client, **kwargs)
+    assert text == cut and chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_models_health_metrics(client, server):
     import urllib.request
 

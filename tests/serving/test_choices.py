@@ -1,5 +1,5 @@
 """serving.choices and runtime.logprobs without a model: token strings / bytes of byte-level and Metaspace
-vocabularies, log-probabilities against torch, per-choice stop strings."""
+vocabularies, log-probabilities against torch, a job's events as per-choice items."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from coverpruner.runtime.logprobs import token_logprob
-from coverpruner.serving.choices import Answers, End, Finished, Piece, TokenText
+from coverpruner.serving.choices import Delta, End, Finished, Piece, TokenText, items
 
 TEXT = "héllo wörld, naïve café ✓ 東京 hello world"
 
@@ -57,14 +57,9 @@ def test_token_logprob_is_log_softmax():
     assert token_logprob(np.zeros(4, np.float32), 2, 0).top == ()
 
 
-def test_answers_cut_each_choice_at_its_stop_string():
-    cut = Answers(["STOP"], 2)
-    out = []
-    for kind, value in [("piece", Piece("aSTO", 0)), ("piece", Piece("bb", 1)), ("piece", Piece("P tail", 0)),
-                        ("piece", Piece("more", 0)), ("finish", Finished(0, "r0")), ("piece", Piece(" c", 1)),
-                        ("done", Finished(1, "r1"))]:
-        out += cut.feed(kind, value)
-    text = {i: "".join(d.text for d in out if not isinstance(d, End) and d.index == i) for i in (0, 1)}
-    ends = {e.index: e for e in out if isinstance(e, End)}
-    assert text == {0: "a", 1: "bb c"}
-    assert ends[0].stopped and not ends[1].stopped and ends[1].result == "r1"
+def test_items_of_job_events():
+    lp = token_logprob(np.zeros(4, np.float32), 2, 0)
+    assert items("piece", Piece("ab", 1)) == [Delta(1, "ab", [])]
+    assert items("piece", Piece("", 0)) == []  # nothing to send
+    assert items("piece", Piece("", 0, lp)) == [Delta(0, "", [lp])]  # a held-back token still reports its logprob
+    assert items("done", Finished(1, "r1")) == [End(1, "r1")]

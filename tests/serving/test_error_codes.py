@@ -1,9 +1,10 @@
 """Issue 25: a pipeline error carries its code and param from where it is raised; the server maps the code to an
 HTTP status and OpenAI error type in one table (serving.errors.ERROR_STATUS) and never reads the message.
 
-Each code of coverpruner.errors.CODES is raised through a running server, once while the request is checked
-(before it is queued) and once inside the worker, and the HTTP status and the error body are checked against
-the literal expectations below (written from the OpenAI error shape, not read from the table).
+Each code of coverpruner.errors.CODES is raised through a running server: while the request is checked (before its
+images are fetched), while its one runtime Request is built, and inside the worker's engine loop (its input stages),
+and the HTTP status and the error body are checked against the literal expectations below (written from the
+OpenAI error shape, not read from the table).
 """
 
 from __future__ import annotations
@@ -55,25 +56,30 @@ def _post(url: str, demo_png: bytes, stream: bool = False) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def _failing(real, exc: Exception, on_call: int):
-    """chat_request that raises ``exc`` on its ``on_call``-th call (1, 2: the server's checks before queueing,
-    without and with the images; 3: the worker's own call) and runs the real one otherwise."""
+def _failing(real, exc: Exception):
+    """``real`` that raises ``exc`` on its first call and runs as itself afterwards."""
     calls = []
 
-    def chat_request(*args, **kwargs):
+    def failing(*args, **kwargs):
         calls.append(1)
-        if len(calls) == on_call:
+        if len(calls) == 1:
             raise exc
         return real(*args, **kwargs)
 
-    return chat_request
+    return failing
+
+
+#: where a request meets the error -> (the part of the Pipeline, its method) that raises it there: the check before
+#: the images are fetched, the one build of the runtime Request, the first input stage in the worker's engine loop
+WHERE = {"check": (lambda pipe: pipe, "check_chat"), "build": (lambda pipe: pipe, "chat_request"),
+         "worker": (lambda pipe: pipe.inputs, "native_sequence")}
 
 
 def test_every_code_has_a_status():
     assert set(ERROR_STATUS) == set(CODES) == set(EXPECTED)
 
 
-@pytest.mark.parametrize("where", ["check", "worker"])
+@pytest.mark.parametrize("where", list(WHERE))
 @pytest.mark.parametrize("code", list(EXPECTED))
 def test_each_code_through_the_server(app_url, demo_png, monkeypatch, code, where):
     app, url = app_url
@@ -82,7 +88,8 @@ def test_each_code_through_the_server(app_url, demo_png, monkeypatch, code, wher
     exc = cls("the context is full of max_images and budget words", code=code, param=raised_param)
     assert exc.code == code
     pipe = app.state.server.pipelines[0]
-    monkeypatch.setattr(pipe, "chat_request", _failing(pipe.chat_request, exc, 1 if where == "check" else 3))
+    part, name = WHERE[where]
+    monkeypatch.setattr(part(pipe), name, _failing(getattr(part(pipe), name), exc))
     got_status, body = _post(url, demo_png, stream=where == "worker")
     assert got_status == status
     assert body == {"error": {"message": "the context is full of max_images and budget words", "type": kind,
@@ -96,7 +103,7 @@ def test_option_param_is_named_in_body_terms(app_url, demo_png, monkeypatch):
     app, url = app_url
     pipe = app.state.server.pipelines[0]
     exc = OptionError("max_new_tokens must be an integer in 1..5, got 9", param="max_new_tokens")
-    monkeypatch.setattr(pipe, "chat_request", _failing(pipe.chat_request, exc, 1))
+    monkeypatch.setattr(pipe, "check_chat", _failing(pipe.check_chat, exc))
     status, body = _post(url, demo_png)
     assert status == 400 and body["error"]["param"] == "max_tokens" and body["error"]["code"] == "invalid_value"
 

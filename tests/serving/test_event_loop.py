@@ -133,7 +133,7 @@ def _stream_with_stops(base: str, stops: list[str]) -> list[str]:
 
 
 def test_health_stays_fast_while_hostile_requests_run(hostile_server, header_dripper):
-    from coverpruner.serving.stop import MAX_STOP_CHARS, MAX_STOP_STRINGS
+    from coverpruner.runtime.options import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
     many_parts = json.dumps(_body([{"type": "text", "text": "a"}] * 100_000))
     big_stops = json.dumps(_body("Say hi.", stop=["x" * 10_240] * 1000))

@@ -1,6 +1,6 @@
 """Issue 29 item 4: 100,000 one-letter text parts (2.7 MB) held the only worker for minutes; 1,000 stop strings of
 10 KB froze the event loop. Both are refused from their counts before tokenizing or matching (runtime/messages.MAX_PARTS,
-serving/stop's limits), with a 4xx in well under a second on loopback (the bound is generous for a loaded CI
+runtime/options.py: MAX_STOP_STRINGS, MAX_STOP_CHARS), with a 4xx in well under a second on loopback (the bound is generous for a loaded CI
 machine: both took ~0.1-0.5 s here), and the server answers a normal request right after."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from coverpruner.serving.errors import APIError
 from coverpruner.serving.schema import ChatCompletionRequest
 from tests.serving.conftest import data_url, user_message
 
-OPTION_FIELDS = {"budget", "method", "tau", "demand", "ignore_eos"}
+OPTION_FIELDS = {"budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids"}
 
 
 class _FamilyPipeline:
@@ -46,7 +46,8 @@ def test_a_new_pipeline_keyword_is_no_api_field(monkeypatch, demo_png):
     allowed = request_mod.pipeline_options(_FamilyPipeline(newline_policy="keep"))
     assert set(allowed) == OPTION_FIELDS | methods | {"newline_policy"}
     gen = request_mod.build_request(_req(demo_png, newline_policy="drop", budget=32), {}, False, False, allowed)
-    assert gen.options == {"newline_policy": "drop", "budget": 32, "method": "coverpruner", "max_new_tokens": 5}
+    assert gen.options == GenerationOptions(budget=32, method="coverpruner", max_new_tokens=5,
+                                            family={"newline_policy": "drop"})
     with pytest.raises(APIError) as info:
         request_mod.build_request(_req(demo_png, secret_knob=2), {}, False, False, allowed)
     assert info.value.status == 400 and info.value.param == "secret_knob" and info.value.code == "unknown_field"
@@ -68,7 +69,7 @@ def test_family_options_listed_by_the_pipeline(demo_png):
     allowed = request_mod.pipeline_options(_FamilyPipeline(image_size=448))
     assert allowed == {**request_mod.pipeline_options(), "image_size": 448}
     gen = request_mod.build_request(_req(demo_png, image_size=336), {}, False, False, allowed)
-    assert gen.options["image_size"] == 336
+    assert gen.options.family["image_size"] == 336
     with pytest.raises(APIError) as info:
         request_mod.build_request(_req(demo_png, newline_policy="keep"), {}, False, False, allowed)
     assert info.value.param == "newline_policy"
@@ -77,9 +78,17 @@ def test_family_options_listed_by_the_pipeline(demo_png):
 def test_current_pipeline_options_and_manifest_defaults(demo_png):
     assert {"budget", "method", "tau"} <= set(request_mod.pipeline_options())
     gen = request_mod.build_request(_req(demo_png), {"budget": 48, "method": "divprune"}, False, False)
-    assert (gen.options["budget"], gen.options["method"]) == (48, "divprune")
+    assert (gen.options.budget, gen.options.method) == (48, "divprune")
     gen = request_mod.build_request(_req(demo_png, budget="full", seed=3, temperature=0.5), {"budget": 48}, False, False)
-    assert gen.options["budget"] == "full" and gen.options["seed"] == 3 and gen.options["temperature"] == 0.5
+    assert gen.options.budget is None and gen.options.seed == 3 and gen.options.temperature == 0.5
+    # stop strings, n and logprobs are options too, validated once with the others
+    gen = request_mod.build_request(_req(demo_png, stop="END", n=2, logprobs=True, top_logprobs=3), {}, False, False)
+    assert (gen.options.stop, gen.n, gen.top_logprobs) == (("END",), 2, 3)
+    for body, param in [(dict(top_logprobs=3), "top_logprobs"), (dict(stop=["a", ""]), "stop"),
+                        (dict(stop_token_ids=[-1]), "stop_token_ids")]:
+        with pytest.raises(APIError) as info:
+            request_mod.build_request(_req(demo_png, **body), {}, False, False)
+        assert info.value.status == 400 and info.value.param == param
 
 
 def test_parts_stay_in_order_with_the_image_decoded(demo_png):

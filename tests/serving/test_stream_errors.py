@@ -11,25 +11,25 @@ from coverpruner.serving import ServerConfig, create_app
 from tests.serving.conftest import data_url, serve_app, user_message
 
 
-class _FailingStream:
-    """Wraps a real TextStream: passes two pieces on, then fails like a crashed session would."""
+def _failing_forward(real):
+    """The decoder's forward: the prefill and one decode step run, the next call fails like a crashed session."""
+    calls = []
 
-    def __init__(self, inner):
-        self.inner, self.result = inner, None
+    def forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("decoder session failed")
+        return real(*args, **kwargs)
 
-    def __iter__(self):
-        for i, piece in enumerate(self.inner):
-            if i == 2:
-                raise RuntimeError("decoder session failed")
-            yield piece
+    return forward
 
 
 def test_error_mid_stream_is_an_error_event_then_done(tiny_export, demo_png):
     app = create_app(ServerConfig(str(tiny_export), threads=1, model_name="tiny"))
     with serve_app(app) as url:
-        pipe = app.state.server.pipelines[0]  # the one worker's pipeline
-        real = pipe.chat_stream  # what the worker runs for every request (a conversation)
-        pipe.chat_stream = lambda *a, **k: _FailingStream(real(*a, **k))  # noqa: E731  (only the worker's pipeline)
+        decoder = app.state.server.pipelines[0].decoder  # the one worker's decoder (--max-batch 1 on this dir)
+        real = decoder.forward
+        decoder.forward = _failing_forward(real)
         body = json.dumps({"model": "tiny", "messages": user_message(data_url(demo_png)), "max_tokens": 12,
                            "budget": 16, "stream": True}).encode()
         req = urllib.request.Request(f"{url}/v1/chat/completions", data=body,
@@ -37,7 +37,7 @@ def test_error_mid_stream_is_an_error_event_then_done(tiny_export, demo_png):
         with urllib.request.urlopen(req) as resp:
             assert resp.status == 200
             events = [line[len("data: "):] for line in resp.read().decode().splitlines() if line.startswith("data: ")]
-        pipe.chat_stream = real
+        decoder.forward = real
         assert events[-1] == "[DONE]"
         err = json.loads(events[-2])["error"]
         assert err["code"] == "internal_error" and "decoder session failed" in err["message"]

@@ -1,38 +1,56 @@
-"""WorkerPool with stand-in pipelines: admission bound, one pipeline per running job, per-token cancel."""
+"""WorkerPool, the server's one engine driver, with stand-in engines: the admission bound, every request of a
+worker submitted to its engine as it is, and a cancel that drops a request between two steps."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from coverpruner.runtime.engine import EngineEvent
 from coverpruner.serving.workers import Job, QueueFull, WorkerPool
 
 
-class _Stream:
-    def __init__(self, owner, n):
-        self.owner, self.n, self.result = owner, n, None
+class _Engine:
+    """An engine of ``max_batch`` slots whose every step gives each request one token, once the test lets it."""
 
-    def __iter__(self):
-        assert not self.owner.busy, "a pipeline ran two requests at once"
-        self.owner.busy = True
-        try:
-            for i in range(self.n):
-                self.owner.pulled += 1
-                self.owner.gate.acquire()  # each token waits until the test lets one through
-                yield f"t{i} "
-            self.result = f"done by {self.owner.name}"
-        finally:
-            self.owner.busy = False
+    def __init__(self, name, max_batch=1):
+        self.name, self.max_batch = name, max_batch
+        self.requests, self.steps, self.gate, self.next = {}, 0, threading.Semaphore(0), 0
+        self.closed = False
+
+    def submit(self, request):
+        assert len(self.requests) < self.max_batch, "the driver overfilled its engine"
+        rid, self.next = self.next, self.next + 1
+        self.requests[rid] = [request, 0]
+        return rid
+
+    def cancel(self, rid):
+        return self.requests.pop(rid, None) is not None
+
+    def step(self, wait=0.0):
+        if not self.gate.acquire(timeout=wait or 0.01):
+            return []
+        self.steps += 1
+        events = []
+        for rid, entry in list(self.requests.items()):
+            request, done = entry
+            entry[1] += 1
+            if entry[1] == request.tokens:
+                del self.requests[rid]
+                events.append(EngineEvent(rid, f"t{done} ", result=f"done by {self.name}"))
+            else:
+                events.append(EngineEvent(rid, f"t{done} "))
+        return events
+
+    def close(self):
+        self.closed = True
 
 
-class _FakePipeline:
-    def __init__(self, name):
-        self.name, self.pulled, self.gate, self.busy = name, 0, threading.Semaphore(0), False
-
-    def stream(self, image, prompt, max_new_tokens=4):
-        return _Stream(self, max_new_tokens)
+def _request(tokens):
+    return SimpleNamespace(n=1, tokens=tokens)
 
 
 async def _drain(job):
@@ -46,42 +64,46 @@ async def _drain(job):
 
 def test_admission_bound_and_results():
     async def main():
-        pipes = [_FakePipeline("a"), _FakePipeline("b")]
-        pool = WorkerPool(pipes, max_queue=1)
+        engines = [_Engine("a"), _Engine("b")]
+        pool = WorkerPool(engines, max_queue=1)
         loop = asyncio.get_running_loop()
-        jobs = [Job(None, "q", {"max_new_tokens": 3}, loop) for _ in range(3)]
+        jobs = [Job(_request(3), loop) for _ in range(3)]
         for job in jobs:
             pool.submit(job)
-        with pytest.raises(QueueFull):  # 2 workers + 1 queued admitted; the 4th is refused at once
-            pool.submit(Job(None, "q", {}, loop))
-        for p in pipes:
-            p.gate.release(100)
+        with pytest.raises(QueueFull):  # 2 workers x batch 1 + 1 queued admitted; the 4th is refused at once
+            pool.submit(Job(_request(3), loop))
+        for e in engines:
+            e.gate.release(100)
         results = [await _drain(j) for j in jobs]
         pool.shutdown()
-        return results, pool
+        return results, pool, engines
 
-    results, pool = asyncio.run(main())
+    results, pool, engines = asyncio.run(main())
     for events in results:
-        assert [e[1] for e in events[:-1]] == ["t0 ", "t1 ", "t2 "]
-        assert events[-1][0] == "done" and events[-1][1].startswith("done by ")
+        assert [e[1].text for e in events[:-1]] == ["t0 ", "t1 ", "t2 "]
+        assert events[-1][0] == "done" and events[-1][1].result.startswith("done by ")
     assert pool.admitted == 0 and pool.running == 0
 
 
-def test_cancel_stops_after_the_current_token():
+def test_cancel_drops_the_request_before_the_next_step():
     async def main():
-        pipe = _FakePipeline("a")
-        pool = WorkerPool([pipe], max_queue=0)
-        job = Job(None, "q", {"max_new_tokens": 1000}, asyncio.get_running_loop())
+        engine = _Engine("a", max_batch=2)
+        pool = WorkerPool([engine], max_queue=0)
+        loop = asyncio.get_running_loop()
+        job, other = Job(_request(1000), loop), Job(_request(3), loop)
         pool.submit(job)
-        pipe.gate.release()  # one token
+        pool.submit(other)
+        engine.gate.release()  # one step: a token each
         first = await job.events.get()
         job.cancel()
-        pipe.gate.release()  # let the worker pull the next token; it must stop there
         rest = await _drain(job)
+        steps = engine.steps
+        engine.gate.release(10)  # the other request goes on alone
+        done = await _drain(other)
         pool.shutdown()
-        return first, rest, pipe.pulled
+        return first, rest, steps, done, engine
 
-    first, rest, pulled = asyncio.run(main())
-    assert first == ("piece", "t0 ")
-    assert rest == [("cancelled", None)]  # the token pulled after the cancel is not sent
-    assert pulled == 2  # and no further token was generated
+    first, rest, steps, done, engine = asyncio.run(main())
+    assert first[0] == "piece" and first[1].text == "t0 "
+    assert rest == [("cancelled", None)] and steps == 1  # dropped before any further step
+    assert [e[0] for e in done] == ["piece", "piece", "piece", "done"]

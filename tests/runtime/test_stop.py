@@ -1,6 +1,6 @@
 """StopMatcher: stop strings found across streamed pieces; the answer ends before the stop string."""
 
-from coverpruner.serving.stop import StopMatcher
+from coverpruner.runtime.stop import StopMatcher
 
 
 def _run(pieces, stops):

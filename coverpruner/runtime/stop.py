@@ -1,20 +1,17 @@
-"""OpenAI ``stop`` strings over streamed text pieces.
+"""Stop strings (OpenAI's ``stop``, GenerationOptions.stop) matched on the decoded text as the engine loop decodes.
 
-The pipeline streams text pieces; a stop string may span pieces, so text that could still be the start
-of a stop string is held back until the next piece decides. The answer is cut before the stop string.
+The engine loop (runtime/engine.py) pushes each token's new text piece; a stop string may span pieces, so text that
+could still be the start of a stop string is held back until the next piece decides (a streamed answer never shows
+part of a stop string). At a match the answer ends there: its text stops before the stop string, and the token that
+completed the match is its last.
 
 Each stop string keeps a Knuth-Morris-Pratt state (the length of the longest suffix of the text so far that is
 a prefix of the string), so a piece costs O(characters x stop strings) whatever the strings' lengths and the
-answer's length: the text is never searched again, and the held-back tail is the largest state. The request
-limits (``MAX_STOP_STRINGS`` strings of at most ``MAX_STOP_CHARS`` characters) bound the tables' size.
+answer's length: the text is never searched again, and the held-back tail is the largest state. The option's
+limits (runtime.options: MAX_STOP_STRINGS strings of at most MAX_STOP_CHARS characters) bound the tables' size.
 """
 
 from __future__ import annotations
-
-# OpenAI's API takes up to 4 stop sequences; these limits leave room for clients that send more, and bound the
-# matcher's per-token work (strings x characters) and its tables (the strings' total length).
-MAX_STOP_STRINGS = 16
-MAX_STOP_CHARS = 1024
 
 
 def _failure(s: str) -> list[int]:
@@ -30,7 +27,8 @@ def _failure(s: str) -> list[int]:
 
 
 class StopMatcher:
-    """push(piece) -> (text safe to emit, stopped?); flush() -> held-back text at the end.
+    """push(piece) -> (text safe to emit, stopped?); flush() -> held-back text at the end; ``matched``: the stop
+    string that ended the text (None until one does).
 
     Within one push the stop string that starts earliest in the text wins (held-back text included)."""
 
@@ -40,6 +38,7 @@ class StopMatcher:
         self._state = [0] * len(self.stops)
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def push(self, piece: str) -> tuple[str, bool]:
         if self.stopped:
@@ -48,7 +47,7 @@ class StopMatcher:
             return piece, False
         text = self.pending + piece
         base = len(self.pending)  # text[base + i] is piece[i]
-        cut = -1
+        cut, matched = -1, None
         for j, (s, fail) in enumerate(zip(self.stops, self._fail)):
             k = self._state[j]
             for i, ch in enumerate(piece):
@@ -58,11 +57,12 @@ class StopMatcher:
                     k += 1
                 if k == len(s):  # s ends at text[base + i]: its first occurrence for this string
                     start = base + i + 1 - len(s)
-                    cut = start if cut < 0 else min(cut, start)
+                    if cut < 0 or start < cut:
+                        cut, matched = start, s
                     break
             self._state[j] = k
         if cut >= 0:
-            self.pending, self.stopped = "", True
+            self.pending, self.stopped, self.matched = "", True, matched
             return text[:cut], True
         hold = min(max(self._state), len(text))
         self.pending = text[len(text) - hold:] if hold else ""
