@@ -239,6 +239,46 @@ class DecoderWeights:
 
 
 @dataclass(frozen=True)
+class ToolCallFormat:
+    """How a family's model writes one tool call in its answer (contract, optional): the text ``open`` +
+    ``before_name`` + the function's name + ``before_arguments`` + its arguments (a JSON object) + ``close``, e.g.
+    Qwen's '<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>'. ``separator`` stands between the
+    answer's text and its first call and between two calls (what the chat template writes there when it renders an
+    assistant turn with tool_calls). ``open`` and ``close`` may each be one token of the vocabulary (Qwen's added
+    <tool_call> / </tool_call>); the runtime finds that out from the tokenizer."""
+
+    open: str
+    before_name: str
+    before_arguments: str
+    close: str
+    separator: str = ""
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """The markers around a reasoning model's thinking (contract, optional), e.g. Qwen3's <think> ... </think>.
+    An answer whose prompt ends in ``open`` (the chat template opened the thinking) starts inside it; the text up to
+    ``close`` is the reasoning, the text after it the answer."""
+
+    open: str
+    close: str
+
+
+@dataclass(frozen=True)
+class ChatFeatures:
+    """What an engine dir's chat template offers beyond turns of text and images (contract, optional; FamilyRuntime's
+    optional ``chat_features``, default ChatFeatures(): none of it). tool_calls: the family's ToolCallFormat when the
+    template renders the request's tools into the prompt (None otherwise: a call can only be forced by a grammar,
+    the tools unseen by the model); reasoning: the family's ReasoningFormat (None: the model does not think);
+    variables: the names the template reads besides the conversation, which a request's chat_template_kwargs may
+    set (e.g. enable_thinking, add_vision_id)."""
+
+    tool_calls: ToolCallFormat | None = None
+    reasoning: ReasoningFormat | None = None
+    variables: frozenset = frozenset()
+
+
+@dataclass(frozen=True)
 class DecoderExtra:
     """One extra per-row decoder input (contract v4): features added to the hidden states that decoder layer
     ``after_layer`` (0-based) outputs, at the rows that carry them (DeepStack: after layer k, the k-th level of
@@ -306,13 +346,19 @@ class FamilyRuntime(Protocol):
         """The vision graph's outputs (by name, batch axis included) -> the image span of the sequence."""
 
     def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int],
-                            media: list[dict] | None = None) -> ConversationLayout:
+                            media: list[dict] | None = None, tools: list | None = None,
+                            template_kwargs: dict | None = None) -> ConversationLayout:
         """Chat template + tokenization of a conversation. messages: [{"role": "system"|"user"|"assistant",
         "content": [{"type": "text", "text": str} | {"type": "image"} | {"type": "video"}, ...]}]
         (runtime/messages.py normalises OpenAI messages to this); the j-th image or video placeholder (counted
         together, in order) expands to ``rows_per_image[j]`` (S_j) tokens; media (each one's VisionInputs.facts,
         in order; the pipeline passes them) lets a family's placeholder text depend on the medium (Qwen3-VL
         stamps each temporal patch of a video with its time: text between the S_j rows).
+        Chat features (given only when the request has them, families with chat_features): tools, the request's
+        OpenAI function tools rendered by the template; template_kwargs, further template variables; and turns
+        of a tool round trip: assistant messages with "tool_calls" ([{id, type, function: {name, arguments: a JSON
+        object}}], content a string or absent) and "reasoning_content", and {"role": "tool", "content",
+        "tool_call_id"} messages, which are rendered as the template renders them.
         ValueError (one line, naming messages[i].content[j]) for text the layout cannot take."""
 
     def native_positions(self, layout: ConversationLayout, visions: list[VisionInputs]) -> np.ndarray:
@@ -326,6 +372,11 @@ class FamilyRuntime(Protocol):
     def decode_position(self, native: np.ndarray, pruned: np.ndarray, step: int) -> np.ndarray:
         """int64 [R]: position of the ``step``-th generated token (step 0 = the token prefill produced), given
         the native [R, L] and pruned [R, L'] positions. LLaVA: L' + step; Qwen2.5-VL: max(native) + 1 + step."""
+
+    # chat features, optional (a runtime without them: ChatFeatures(), no answer starts in reasoning):
+    #   chat_features: ChatFeatures                        what the chat template offers (tools, thinking, variables)
+    #   opens_reasoning(messages, tools, template_kwargs)  -> bool: the conversation's prompt ends inside the
+    #                                                      thinking (its answer starts with reasoning)
 
 
 @dataclass(frozen=True)

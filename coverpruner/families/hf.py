@@ -23,25 +23,58 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import (ConversationLayout, DecoderLayerWeights, DecoderSpec, DecoderWeights,
-                                           ProbeParts)
+from coverpruner.families.contract import (ChatFeatures, ConversationLayout, DecoderLayerWeights, DecoderSpec,
+                                           DecoderWeights, ProbeParts, ReasoningFormat, ToolCallFormat)
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+#: the name of the tool HFRuntime.chat_features renders to learn whether a chat template renders tools
+_PROBE_TOOL = "coverpruner_probe_tool"
 
 # one sentinel per text part of a conversation (the k-th text part renders as TEXT_SENTINEL.format(k));
 # invisible separator chars: never in real text
 TEXT_SENTINEL = "\u2063COVERPRUNER_TEXT{}\u2063"
 
 
-def render_chat_template(chat_template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Render an HF chat template with jinja2 the way transformers does (trim/lstrip blocks, sandbox).
+def render_chat_template(chat_template: str, messages: list[dict], add_generation_prompt: bool = True,
+                         tools: list | None = None, **kwargs) -> str:
+    """Render an HF chat template with jinja2 the way transformers does (trim/lstrip blocks, sandbox, its
+    ``tojson`` filter: json.dumps without HTML escaping or sorted keys, ``strftime_now``); ``tools`` (OpenAI function
+    tools) and ``kwargs`` (chat_template_kwargs) are template variables as in transformers' apply_chat_template.
 
     The `{% generation %}` block tag (transformers' assistant-mask extension) is accepted and renders
     its body unchanged, so llava-hf templates work without transformers.
     """
-    return _compiled_template(chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+    return _compiled_template(chat_template).render(**kwargs, messages=messages, tools=tools,
+                                                    add_generation_prompt=add_generation_prompt)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    """transformers' tojson filter: Jinja's own escapes HTML characters and sorts keys (a tool's schema would not
+    render as the model saw it in training)."""
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    import datetime
+
+    return datetime.datetime.now().strftime(fmt)
+
+
+#: what a chat template reads that no request sets (the conversation, and the environment's own globals)
+TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "documents", "raise_exception",
+                               "strftime_now", "range", "dict", "namespace", "cycler", "joiner", "lipsum"})
+
+
+def template_variables(chat_template: str) -> frozenset:
+    """The names a chat template reads that a request may set (its undeclared variables, e.g. enable_thinking,
+    add_vision_id), besides TEMPLATE_RESERVED."""
+    from jinja2 import meta
+
+    env = _compiled_template(chat_template).environment
+    return frozenset(meta.find_undeclared_variables(env.parse(chat_template))) - TEMPLATE_RESERVED
 
 
 @functools.lru_cache(maxsize=16)
@@ -66,6 +99,8 @@ def _compiled_template(chat_template: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation,
                                                                                        "jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(chat_template)
 
 
@@ -119,30 +154,53 @@ class RenderedConversation:
     text_spans: tuple[tuple[tuple[int, int], ...], ...]
 
 
+#: roles whose text parts are located in the rendered prompt (instruction tokens come from user turns). An
+#: assistant's or a tool's turn passes through as given: templates read those texts (Qwen3 splits an assistant turn
+#: at </think>, a call after non-empty content is preceded by a newline), so they must see the real text, as
+#: transformers' apply_chat_template gives it
+LOCATED_ROLES = ("system", "user")
+
+
+def _checked_text(text: str, where: str, bad: tuple[str, ...], image_token: str, video_token: str | None) -> None:
+    for b in bad:
+        if b in text:
+            what = ("the image token" if b == image_token else "the video token" if b == video_token
+                    else "the image markers")
+            raise ValueError(f"{where}: the text must not contain {what} {b!r}; images are placed by the chat "
+                             "template")
+
+
 def render_conversation(chat_template: str, messages: list[dict], image_token: str, rows_per_image: list[int],
                         reserved: tuple[str, ...] = (), video_token: str | None = None,
-                        expand=None) -> RenderedConversation:
+                        expand=None, tools: list | None = None, template_kwargs: dict | None = None
+                        ) -> RenderedConversation:
     """Render ``messages`` (each {"role", "content": [{"type": "text", "text"} | {"type": "image"}]}) with the
     chat template (add_generation_prompt), expand the j-th image placeholder to ``rows_per_image[j]`` copies of
-    ``image_token`` and record each text part's character span (every text part renders as a unique sentinel,
-    then the texts are put back). A {"type": "video"} part renders as the template's video placeholder,
+    ``image_token`` and record each text part's character span (every text part of a system or user turn renders as
+    a unique sentinel, then the texts are put back; assistant and tool turns pass through whole: LOCATED_ROLES).
+    A {"type": "video"} part renders as the template's video placeholder,
     ``video_token``, expanded the same way (``rows_per_image`` counts images and videos together, in order);
     ValueError for a video part when the family has no video token. ValueError (one line, naming
     messages[i].content[j]) when a text holds ``image_token`` or a ``reserved`` string, or the template does not
     render each part exactly once. ``expand(j, token, rows)`` -> str, when given, is the text the j-th placeholder
-    becomes instead of ``token * rows`` (Qwen3-VL's timestamped video frames)."""
+    becomes instead of ``token * rows`` (Qwen3-VL's timestamped video frames). tools, template_kwargs: the
+    template's ``tools`` and further variables (render_chat_template)."""
     marked, texts, images, kinds = [], [], 0, []
     tokens = {"image": image_token, "video": video_token}
+    bad = (image_token, *([video_token] if video_token else []), *reserved)
     for i, msg in enumerate(messages):
+        if msg["role"] not in LOCATED_ROLES:
+            content = msg.get("content")
+            for j, part in enumerate([{"text": content}] if isinstance(content, str) else content or []):
+                _checked_text(part.get("text", ""), f"messages[{i}].content" + ("" if isinstance(content, str)
+                                                                               else f"[{j}]"),
+                              bad, image_token, video_token)
+            marked.append(msg)
+            continue
         parts = []
         for j, part in enumerate(msg["content"]):
             if part["type"] == "text":
-                for bad in (image_token, *([video_token] if video_token else []), *reserved):
-                    if bad in part["text"]:
-                        what = ("the image token" if bad == image_token else "the video token" if bad == video_token
-                                else "the image markers")
-                        raise ValueError(f"messages[{i}].content[{j}]: the text must not contain {what} {bad!r}; "
-                                         "images are placed by the chat template")
+                _checked_text(part["text"], f"messages[{i}].content[{j}]", bad, image_token, video_token)
                 parts.append({"type": "text", "text": TEXT_SENTINEL.format(len(texts))})
                 texts.append((i, part["text"]))
             else:
@@ -154,7 +212,8 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
         marked.append({"role": msg["role"], "content": parts})
     if images != len(rows_per_image):
         raise ValueError(f"the messages hold {images} images; {len(rows_per_image)} image spans were given")
-    rendered = render_chat_template(chat_template, marked, add_generation_prompt=True)
+    rendered = render_chat_template(chat_template, marked, add_generation_prompt=True, tools=tools or None,
+                                    **(template_kwargs or {}))
     placeholders = "|".join(re.escape(t) for t in (image_token, video_token) if t)
     pieces = re.split("(" + placeholders + "|\u2063COVERPRUNER_TEXT\\d+\u2063)", rendered)
     out, spans, seen, image = [], [[] for _ in messages], set(), 0
@@ -204,7 +263,8 @@ def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: l
         pos = offsets.overlapping(rendered.text_spans[i])
         return pos[~np.isin(pos, visual)]
 
-    image_message = [i for i, m in enumerate(messages) for p in m["content"] if p["type"] in ("image", "video")]
+    image_message = [i for i, m in enumerate(messages) if m["role"] in LOCATED_ROLES
+                     for p in m["content"] if p["type"] in ("image", "video")]
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     latest = instruction(users[-1]) if users else np.zeros(0, np.int64)
     return ConversationLayout(ids, image_spans, np.asarray(image_message, dtype=np.int64),
@@ -402,6 +462,11 @@ class HFRuntime:
     video_token_id: int | None = None
     #: strings a text part must not hold besides the image token (e.g. Qwen2.5-VL's vision markers)
     reserved_strings: tuple[str, ...] = ()
+    #: how the family's model writes a tool call (contract.ToolCallFormat; None: it writes none the runtime reads)
+    #: and thinks (contract.ReasoningFormat; None: it does not). Whether an engine dir offers them is its chat
+    #: template's fact: chat_features
+    tool_call_format: ToolCallFormat | None = None
+    reasoning_format: ReasoningFormat | None = None
 
     def __init__(self, manifest):
         self.chat_template = manifest.chat_template
@@ -409,17 +474,43 @@ class HFRuntime:
         self.image_token_id = int(manifest.token_ids["image_token_id"])
         self.float_dtype = np.dtype(manifest.float_dtype)
 
+    @functools.cached_property
+    def chat_features(self) -> ChatFeatures:
+        """contract.ChatFeatures of this engine dir: the family's tool-call format when its chat template renders
+        a request's tools (checked by rendering a probe tool: a template without a tools section ignores it), the
+        family's reasoning format, and the variables the template reads (template_variables)."""
+        probe = {"type": "function", "function": {"name": _PROBE_TOOL, "description": "", "parameters": {
+            "type": "object", "properties": {}}}}
+        try:
+            rendered = render_chat_template(self.chat_template, [{"role": "user", "content": [
+                {"type": "text", "text": "?"}]}], tools=[probe])
+        except Exception:  # noqa: BLE001 - a template that cannot take tools renders none
+            rendered = ""
+        tool_calls = self.tool_call_format if _PROBE_TOOL in rendered else None
+        return ChatFeatures(tool_calls, self.reasoning_format, template_variables(self.chat_template))
+
+    def opens_reasoning(self, messages: list[dict], tools: list | None = None,
+                        template_kwargs: dict | None = None) -> bool:
+        """Whether the prompt of ``messages`` (normalised, runtime/messages.py) ends inside the thinking: the
+        rendered template ends with the reasoning format's open marker (Qwen3-VL Thinking's "<think>\\n"; a template
+        that closes it, as Qwen3's with enable_thinking false, does not)."""
+        if self.reasoning_format is None:
+            return False
+        rendered = render_chat_template(self.chat_template, messages, tools=tools or None, **(template_kwargs or {}))
+        return rendered.rstrip().endswith(self.reasoning_format.open)
+
     def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int],
-                            media: list[dict] | None = None) -> ConversationLayout:
+                            media: list[dict] | None = None, tools: list | None = None,
+                            template_kwargs: dict | None = None) -> ConversationLayout:
         """contract.FamilyRuntime.conversation_layout: the chat template over the whole conversation; the j-th
         placeholder becomes placeholder_text(token, rows, media[j]) (media: each image's / video's
-        VisionInputs.facts, in order; None: the rows alone)."""
+        VisionInputs.facts, in order; None: the rows alone); tools and template_kwargs: the template's variables."""
         expand = None
         if media is not None:
             def expand(j, token, rows):
                 return self.placeholder_text(token, rows, media[j])
         rendered = render_conversation(self.chat_template, messages, self.image_token, list(rows_per_image),
-                                       self.reserved_strings, self.video_token, expand)
+                                       self.reserved_strings, self.video_token, expand, tools, template_kwargs)
         return tokenize_conversation(tokenizer, rendered, messages, self.image_token_id, list(rows_per_image),
                                      self.video_token_id)
 

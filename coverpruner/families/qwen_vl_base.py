@@ -14,12 +14,20 @@ import numpy as np
 
 from coverpruner.errors import OptionError
 from coverpruner.integers import ascii_int, brief
-from coverpruner.families.contract import GridPanel, ImageSpan, RequestOption, VisionInputs
+from coverpruner.families.contract import (GridPanel, ImageSpan, ReasoningFormat, RequestOption, ToolCallFormat,
+                                           VisionInputs)
 from coverpruner.families.hf import HFFamily, HFRuntime
 from coverpruner.families.qwen_vl import decode_position, preprocess_qwen_image, pruned_positions
 
 IMAGE_TOKEN = "<|image_pad|>"
 VIDEO_TOKEN = "<|video_pad|>"
+#: Qwen's tool calls (Hermes-style, the tools sections of the Qwen2.5 / Qwen3 / Qwen3-VL chat templates): every call
+#: '<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>', written after the answer's text and between calls
+#: with a newline
+TOOL_CALLS = ToolCallFormat(open="<tool_call>", before_name='\n{"name": "', before_arguments='", "arguments": ',
+                            close="}\n</tool_call>", separator="\n")
+#: Qwen3's thinking (the Thinking checkpoints' generation prompt opens it: "<|im_start|>assistant\n<think>\n")
+REASONING = ReasoningFormat(open="<think>", close="</think>")
 
 
 def int_at_least(value, name: str, minimum: int, what: str = "") -> int:
@@ -127,6 +135,8 @@ class QwenVLRuntime(HFRuntime):
     position_rank = 3
     image_token = IMAGE_TOKEN
     reserved_strings = ("<|vision_start|>", "<|vision_end|>")
+    tool_call_format = TOOL_CALLS
+    reasoning_format = REASONING
     extras: tuple[str, ...] = ()
     merge: int
     patch: int

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -189,6 +190,12 @@ def _schema_of(response_format) -> tuple[str, dict] | None:
     return kind, dict(spec["schema"])
 
 
+def response_schema(response_format) -> dict | None:
+    """The JSON schema a response_format asks for (json_object: any object), None for text."""
+    found = _schema_of(response_format)
+    return None if found is None else found[1]
+
+
 def check_schema_size(schema, param: str = _PARAM, max_nodes: int = MAX_SCHEMA_NODES,
                       max_chars: int = MAX_SCHEMA_CHARS) -> None:
     """OptionError (code grammar_too_complex, naming ``param``) when ``schema`` holds more than ``max_nodes`` JSON
@@ -214,6 +221,26 @@ def check_schema_size(schema, param: str = _PARAM, max_nodes: int = MAX_SCHEMA_N
                               param=param, code=TOO_COMPLEX)
 
 
+def schema_literals(schema) -> list[tuple[str, str]]:
+    """(text, what) of the fixed texts a JSON schema makes every document write: the property names under
+    ``required`` and the string ``const`` values (walked up to MAX_SCHEMA_NODES values, after check_schema_size),
+    for GrammarCompiler.check_spelling."""
+    out, stack, seen = [], [schema], 0
+    while stack and seen < MAX_SCHEMA_NODES:
+        node = stack.pop()
+        seen += 1
+        if isinstance(node, Mapping):
+            required = node.get("required")
+            out += [(key, f"the required property {key!r}") for key in (required if isinstance(required, list)
+                                                                        else ()) if isinstance(key, str)]
+            if isinstance(node.get("const"), str):
+                out.append((node["const"], f"the const {node['const']!r}"))
+            stack.extend(v for v in node.values() if isinstance(v, (Mapping, list)))
+        elif isinstance(node, list):
+            stack.extend(v for v in node if isinstance(v, (Mapping, list)))
+    return out
+
+
 def _first_line(value) -> str:
     return str(value).strip().splitlines()[0] if str(value).strip() else type(value).__name__
 
@@ -234,6 +261,7 @@ class GrammarCompiler:
     def __init__(self, tokenizer, vocab_size: int, eos_ids):
         self._tokenizer, self.vocab_size, self._eos = tokenizer, int(vocab_size), sorted(eos_ids)
         self._bridge = None
+        self._markers = None  # literal's table of the vocabulary's marker tokens, built on first use
 
     @property
     def bridge(self):
@@ -257,6 +285,50 @@ class GrammarCompiler:
             text = json.dumps(schema, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise OptionError(f"{param} schema is not JSON: {exc}", param=param) from None
+        self.check_spelling(schema_literals(schema), param)
+        return self._cached(kind, text, param)
+
+    def compile_lark(self, text: str, param: str = _PARAM) -> Grammar:
+        """An llguidance lark grammar (runtime/tool_calls.py writes them: tool calls, a schema after the
+        reasoning) -> its checked Grammar, cached as compile's; OptionError naming ``param`` as compile's."""
+        return self._cached("lark", text, param)
+
+    def literal(self, text: str) -> str:
+        """The lark expression of a fixed text: a string, with each marker that is one token of the vocabulary
+        (an added token, which llguidance reads as special: Qwen's <tool_call>) written as that token, so a model
+        writes it only with that token."""
+        if self._markers is None:
+            added = self._tokenizer.get_added_tokens_decoder()
+            markers = {t.content: i for i, t in added.items() if i < self.vocab_size and self.bridge.is_special_token(i)}
+            self._markers = (markers, re.compile("(" + "|".join(re.escape(m) for m in sorted(markers, key=len,
+                                                                                          reverse=True)) + ")")
+                             if markers else None)
+        markers, pattern = self._markers
+        pieces = pattern.split(text) if pattern is not None else [text]
+        return " ".join(f"<[{markers[p]}]>" if p in markers else json.dumps(p) for p in pieces if p)
+
+    def unspellable(self, text: str) -> str | None:
+        """The first character of ``text`` the vocabulary cannot write (no token spells it and no byte fallback
+        covers it, e.g. "_" in the tiny LLaVA vocabulary), or None."""
+        bridge = self.bridge
+        if bridge.decode_bytes(bridge.tokenize_str(text)) == text.encode():
+            return None
+        for ch in text:
+            if bridge.decode_bytes(bridge.tokenize_str(ch)) != ch.encode():
+                return ch
+        return None
+
+    def check_spelling(self, texts, param: str) -> None:
+        """OptionError naming ``param`` for the first (text, what) of ``texts`` the vocabulary cannot spell: the
+        grammar would demand text no token sequence writes (refused here, at admission, not mid-answer)."""
+        for text, what in texts:
+            ch = self.unspellable(text)
+            if ch is not None:
+                raise OptionError(f"{param}: this model's vocabulary cannot write {ch!r}, which {what} ({text!r}) "
+                                  "needs, so no answer could follow the grammar", param=param)
+
+    def _cached(self, kind: str, text: str, param: str) -> Grammar:
+        """The checked Grammar of (kind, text) from the process-wide cache, compiled once (module docstring)."""
         key = (id(self.bridge), kind, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
         while True:
             with _cache_lock:
@@ -287,10 +359,14 @@ class GrammarCompiler:
         return found
 
     def _compile(self, kind: str, text: str) -> Grammar:
-        """The schema's JSON text -> its checked Grammar (llguidance: grammar, matcher, first mask timed)."""
+        """The schema's JSON text (or a lark grammar's text) -> its checked Grammar (llguidance: grammar, matcher,
+        first mask timed)."""
         llg = _llguidance()
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+            if kind == "lark":
+                grammar = llg.LLMatcher.grammar_from_lark(text)
+            else:
+                grammar = llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
         except ValueError as exc:
             raise OptionError(f"{_PARAM} schema: {_first_line(exc)}", param=_PARAM) from None
         matcher = llg.LLMatcher(self.bridge, grammar, log_level=0, limits=parser_limits())  # releases the GIL

@@ -147,7 +147,8 @@ class InputProcessor:
 
         t = time.perf_counter()
         layout = model.encoder.encode_conversation(conversation.messages, [len(span.rows) for span in spans],
-                                                   [v.facts for v in visions])
+                                                   [v.facts for v in visions], conversation.tools,
+                                                   conversation.template_kwargs)
         L = len(layout.input_ids)
         if L >= model.max_positions:
             rows = sum(len(span.rows) for span in spans)

@@ -1,13 +1,14 @@
 """OpenAI-format chat messages -> the family layout's messages and the images in order.
 
-What Pipeline.chat takes (docs/conversations.md): a list of {"role": "system" | "user" | "assistant",
-"content": str | [part, ...]} with parts {"type": "text", "text": str}, {"type": "image_url", "image_url":
+What Pipeline.chat takes (docs/conversations.md): a list of {"role": "system" | "user" | "assistant" | "tool",
+"content": str | [part, ...]} (an assistant's tool_calls and a tool's tool_call_id: normalize) with parts {"type": "text", "text": str}, {"type": "image_url", "image_url":
 {"url": data: URL | local path | file:// URL}} (or the URL string itself), {"type": "image", "image": path |
 PIL image | uint8 array} and {"type": "video", "video": [frames] | local video file path | bytes of a video file,
 "fps": float (optional), "max_frames": int (optional)} (coverpruner.video.VideoInput; the family samples it).
 What the families' chat templates take: every content a list of {"type": "text"} / {"type": "image"} /
-{"type": "video"} parts. transformers normalises the same way before rendering (a string is one text part,
-an image_url part an image part); llava-hf's template renders nothing for a bare string.
+{"type": "video"} parts (an assistant's or a tool's empty content stays "" and a null one is left out: templates
+tell them apart). transformers normalises the same way before rendering (a string is one text part, an image_url
+part an image part); llava-hf's template renders nothing for a bare string.
 
 Every problem is one PromptError / ImageError line naming ``messages[i]`` or ``messages[i].content[j]``.
 """
@@ -17,12 +18,13 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 
 from coverpruner.runtime.errors import ImageError, PromptError
 from coverpruner.video import VideoInput
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,10 @@ class Conversation:
 
     messages: list
     images: list
+    #: the request's OpenAI function tools and further chat-template variables (chat_template_kwargs), both
+    #: rendered by the chat template (families' chat features)
+    tools: tuple = ()
+    template_kwargs: dict = field(default_factory=dict)
 
 
 def one_turn(image, prompt: str) -> list[dict]:
@@ -118,50 +124,40 @@ def check_part_count(messages) -> None:
 
 def normalize(messages, max_images: int | None = None) -> Conversation:
     """OpenAI messages -> Conversation. PromptError (one line) for a malformed message or more than
-    ``max_images`` images; the images themselves are read later, by the family."""
+    ``max_images`` images; the images themselves are read later, by the family.
+
+    A tool round trip is taken as OpenAI sends it: an assistant message with ``tool_calls`` ([{"id", "type":
+    "function", "function": {"name", "arguments": a JSON text}}], ``content`` text or null) and optionally
+    ``reasoning_content``; then one ``tool`` message per answered call ({"role": "tool", "content", "tool_call_id"},
+    which must name a call of that assistant message). The layout gets each call's arguments as the JSON value they
+    hold (what chat templates render with tojson, as vLLM hands them over), an assistant's null content as no
+    content, and an empty one as ""."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role', 'content'} objects")
     check_part_count(messages)
     out, images = [], []
+    calls: set | None = None  # the call ids the latest assistant turn made (what tool messages may answer)
     for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+        if not isinstance(msg, dict) or "role" not in msg:
             raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'", param=f"messages[{i}]")
-        role, content = msg["role"], msg["content"]
+        role = msg["role"]
         if role not in ROLES:
             raise PromptError(f"messages[{i}].role must be one of {list(ROLES)}, got {role!r}",
                               param=f"messages[{i}].role")
-        if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
-        if not isinstance(content, (list, tuple)):
-            raise PromptError(f"messages[{i}].content must be a string or a list of parts",
-                              param=f"messages[{i}].content")
-        parts = []
-        for j, part in enumerate(content):
-            where = f"messages[{i}].content[{j}]"
-            if isinstance(part, str):  # a common slip: the text without its part object
-                raise PromptError(f"{where}: a content list holds parts, not bare strings; write "
-                                  f"{{\"type\": \"text\", \"text\": {part[:40]!r}}}", param=where)
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "text":
-                if not isinstance(part.get("text"), str):
-                    raise PromptError(f"{where}: text part needs a string field 'text'", param=where)
-                parts.append({"type": "text", "text": part["text"]})
-            elif kind in ("image", "image_url"):
-                if role != "user":
-                    raise PromptError(f"{where}: images belong in user messages, not {role!r}", param=where)
-                images.append(_image(part, where))
-                parts.append({"type": "image"})
-            elif kind == "video":
-                if role != "user":
-                    raise PromptError(f"{where}: videos belong in user messages, not {role!r}", param=where)
-                images.append(_video(part, where))
-                parts.append({"type": "video"})
-            else:
-                raise PromptError(f"{where}: part type {kind!r} is not supported; expected 'text', 'image_url', "
-                                  "'image' or 'video'", param=where)
-        out.append({"role": role, "content": parts})
-    if out[-1]["role"] != "user":
-        raise PromptError(f"messages[{len(out) - 1}]: the last message must be the user's (got "
+        if role == "assistant":
+            turn = _assistant(msg, i)
+            calls = {c["id"] for c in turn.get("tool_calls", [])}
+        elif role == "tool":
+            turn = _tool_result(msg, i, calls)
+        else:
+            if "content" not in msg:
+                raise PromptError(f"messages[{i}] must be an object with 'role' and 'content'",
+                                  param=f"messages[{i}]")
+            turn = {"role": role, "content": _parts(msg["content"], i, role, images)}
+            calls = None
+        out.append(turn)
+    if out[-1]["role"] not in ("user", "tool"):
+        raise PromptError(f"messages[{len(out) - 1}]: the last message must be the user's or a tool result (got "
                           f"{out[-1]['role']!r})")
     if not any(p["type"] != "text" or p["text"].strip() for m in out if m["role"] == "user" for p in m["content"]):
         raise PromptError("the user messages hold no text and no image")
@@ -170,3 +166,108 @@ def normalize(messages, max_images: int | None = None) -> Conversation:
         raise PromptError(f"the messages hold {len(images)} {what}; at most {max_images} per request "
                           "(max_images)", code="too_many_images")
     return Conversation(out, images)
+
+
+def _parts(content, i: int, role: str, images: list) -> list[dict]:
+    """A message's content (a string or parts) -> its parts ({"type": "text" | "image" | "video"}); the images and
+    videos are appended to ``images``."""
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if not isinstance(content, (list, tuple)):
+        raise PromptError(f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content")
+    parts = []
+    for j, part in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if isinstance(part, str):  # a common slip: the text without its part object
+            raise PromptError(f"{where}: a content list holds parts, not bare strings; write "
+                              f"{{\"type\": \"text\", \"text\": {part[:40]!r}}}", param=where)
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise PromptError(f"{where}: text part needs a string field 'text'", param=where)
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in ("image", "image_url"):
+            if role != "user":
+                raise PromptError(f"{where}: images belong in user messages, not {role!r}", param=where)
+            images.append(_image(part, where))
+            parts.append({"type": "image"})
+        elif kind == "video":
+            if role != "user":
+                raise PromptError(f"{where}: videos belong in user messages, not {role!r}", param=where)
+            images.append(_video(part, where))
+            parts.append({"type": "video"})
+        else:
+            raise PromptError(f"{where}: part type {kind!r} is not supported; expected 'text', 'image_url', "
+                              "'image' or 'video'", param=where)
+    return parts
+
+
+def _text_content(content, i: int, role: str):
+    """An assistant's or a tool's content -> what its template gets: None (no content), "" (kept a string: a
+    template tells empty content from none by its truth), else text parts."""
+    if content is None or content == "":
+        return content
+    return _parts(content, i, role, [])
+
+
+def _assistant(msg: dict, i: int) -> dict:
+    """An assistant turn: its content, its tool_calls (arguments parsed) and its reasoning_content."""
+    turn = {"role": "assistant"}
+    content = _text_content(msg.get("content"), i, "assistant")
+    if content is not None:
+        turn["content"] = content
+    calls = msg.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, (list, tuple)):
+            raise PromptError(f"messages[{i}].tool_calls must be a list of calls", param=f"messages[{i}].tool_calls")
+        turn["tool_calls"] = [_call(call, f"messages[{i}].tool_calls[{k}]") for k, call in enumerate(calls)]
+        if len({c["id"] for c in turn["tool_calls"]}) < len(turn["tool_calls"]):
+            raise PromptError(f"messages[{i}].tool_calls: two calls share an id", param=f"messages[{i}].tool_calls")
+    if content is None and not calls:
+        raise PromptError(f"messages[{i}]: an assistant message needs content or tool_calls", param=f"messages[{i}]")
+    reasoning = msg.get("reasoning_content")
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise PromptError(f"messages[{i}].reasoning_content must be a string",
+                              param=f"messages[{i}].reasoning_content")
+        turn["reasoning_content"] = reasoning
+    return turn
+
+
+def _call(call, where: str) -> dict:
+    """One tool call of an assistant turn -> {"id", "type": "function", "function": {"name", "arguments": the JSON
+    value}}; PromptError naming the field otherwise."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(call, dict) or call.get("type", "function") != "function" or not isinstance(fn, dict):
+        raise PromptError(f"{where} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                          param=where)
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        raise PromptError(f"{where}.id must be a non-empty string", param=f"{where}.id")
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise PromptError(f"{where}.function.name must be a non-empty string", param=f"{where}.function.name")
+    arguments = fn.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as exc:
+            raise PromptError(f"{where}.function.arguments is not JSON: {exc}",
+                              param=f"{where}.function.arguments") from None
+    return {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
+
+
+def _tool_result(msg: dict, i: int, calls: set | None) -> dict:
+    """A tool turn: it must answer a call of the latest assistant turn (the turns between are tool results)."""
+    call_id = msg.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise PromptError(f"messages[{i}].tool_call_id must name the call this tool message answers",
+                          param=f"messages[{i}].tool_call_id")
+    if calls is None or call_id not in calls:
+        made = "made no calls" if not calls else f"made the calls {sorted(calls)}"
+        raise PromptError(f"messages[{i}].tool_call_id {call_id!r} answers no call of the assistant turn before it "
+                          f"(which {made}); a tool message follows the assistant message whose call it answers",
+                          param=f"messages[{i}].tool_call_id")
+    content = _text_content(msg.get("content"), i, "tool")
+    turn = {"role": "tool", "content": "" if content is None else content, "tool_call_id": call_id}
+    if isinstance(msg.get("name"), str):
+        turn["name"] = msg["name"]
+    return turn

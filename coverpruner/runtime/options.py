@@ -216,6 +216,11 @@ class GenerationOptions:
     finish_reason is "stop". stop_token_ids: token ids that end the answer as EOS does (also with ignore_eos).
     n: answers of the request (OpenAI's n; forked after one prefill). logprobs: report each answer token's
     log-probability; top_logprobs: and that many alternatives (0..20; needs logprobs).
+    tools, tool_choice, parallel_tool_calls: OpenAI's function tools (rendered by the chat template when it renders
+    tools), the choice ("auto" when tools are given and no choice, "none", "required" or {"type": "function",
+    "function": {"name"}}) and whether one answer may make several calls (runtime/tool_calls.py; checked by
+    Pipeline.request). chat_template_kwargs: further variables of the chat template (e.g. {"enable_thinking":
+    false}), each one the template reads.
     """
 
     budget: int | None = 64
@@ -238,6 +243,10 @@ class GenerationOptions:
     n: int = 1
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: tuple = ()
+    tool_choice: object = None
+    parallel_tool_calls: bool = True
+    chat_template_kwargs: Mapping = field(default_factory=dict)
 
     def __post_init__(self):
         put = object.__setattr__  # frozen: the checked (normalised) values replace the given ones once
@@ -270,6 +279,17 @@ class GenerationOptions:
         put(self, "top_logprobs", check_top_logprobs(self.top_logprobs))
         if self.top_logprobs is not None and not self.logprobs:
             raise OptionError("top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.tools is None or not isinstance(self.tools, (list, tuple)):
+            raise OptionError(f"tools must be a list of function tools, got {brief(self.tools)}", param="tools")
+        put(self, "tools", tuple(self.tools))
+        check_bool("parallel_tool_calls", self.parallel_tool_calls)
+        kwargs = self.chat_template_kwargs
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise OptionError(f"chat_template_kwargs must map names to values, got {brief(kwargs)}",
+                              param="chat_template_kwargs")
+        put(self, "chat_template_kwargs", dict(kwargs))
 
     @property
     def logprob_count(self) -> int | None:

@@ -7,14 +7,24 @@ compiled (runtime/grammar.py). Each refusal is a one-line CoverPrunerError namin
 
 from __future__ import annotations
 
+import dataclasses
+
 from coverpruner.engine_dir import DEFAULT_MAX_IMAGES
+from coverpruner.families.contract import ChatFeatures
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, OptionError, PromptError, VideoError
-from coverpruner.runtime.messages import normalize, one_turn
+from coverpruner.runtime import tool_calls
+from coverpruner.runtime.grammar import response_schema
+from coverpruner.runtime.messages import Conversation, normalize, one_turn
 from coverpruner.runtime.model import Model
 from coverpruner.runtime.options import GenerationOptions, check_method_options, check_tau, split_method_options
 from coverpruner.runtime.sampling import SamplingConfig
 from coverpruner.runtime.stages import Request
 from coverpruner.video import DEFAULT_MAX_VIDEO_PIXELS, VideoInput
+
+
+def _json_schema(schema: dict) -> dict:
+    """A tool's parameters as a response_format (compiled alone to check it: runtime.grammar)."""
+    return {"type": "json_schema", "json_schema": {"name": "parameters", "schema": schema, "strict": True}}
 
 
 class RequestBuilder:
@@ -55,7 +65,8 @@ class RequestBuilder:
             raise OptionError(f"max_images must be an integer >= 0, got {limit!r}", param="max_images")
         resolved = self.check_options(options)
         conversation = normalize(messages, limit)
-        text = "".join(p["text"] for m in conversation.messages for p in m["content"] if p["type"] == "text")
+        text = "".join(p["text"] for m in conversation.messages if isinstance(m.get("content"), list)
+                       for p in m["content"] if p["type"] == "text")
         if not model.encoder.fits(text, model.max_positions):  # known from its length, before tokenizing
             raise PromptError(f"messages hold {len(text)} characters of text, more than fit the context of "
                               f"{model.max_positions} tokens", code="context_length_exceeded")
@@ -98,17 +109,61 @@ class RequestBuilder:
 
     def _request(self, conversation, opts: GenerationOptions) -> Request:
         """The Request of a normalised conversation under checked options (the manifest's tau default, the
-        family's options resolved, EOS ids unless ignore_eos, token ids within the vocabulary)."""
+        family's options resolved, EOS ids unless ignore_eos, token ids within the vocabulary, the tools and chat
+        template variables the template takes, the answer's grammar)."""
         model = self.model
         tau = check_tau(model.manifest.defaults.get("tau", 0.3)) if opts.tau is None else opts.tau
         self._in_vocabulary("stop_token_ids", opts.stop_token_ids)
         self._in_vocabulary("logit_bias", opts.logit_bias)
         sampling = SamplingConfig(opts.temperature, opts.top_p, opts.seed, opts.frequency_penalty,
                                   opts.presence_penalty, opts.logit_bias)
+        features = getattr(model.family_runtime, "chat_features", None) or ChatFeatures()
+        conversation = self._chat(conversation, opts, features)
+        tool_plan = tool_calls.plan(opts.tools, opts.tool_choice, opts.parallel_tool_calls, features,
+                                    opts.response_format)
+        opens = getattr(model.family_runtime, "opens_reasoning", None)
+        reasoning = features.reasoning if features.reasoning is not None and opens is not None and opens(
+            conversation.messages, list(conversation.tools), conversation.template_kwargs) else None
         return Request(conversation, opts.budget, opts.method, tau, opts.max_new_tokens, sampling,
                        frozenset() if opts.ignore_eos else frozenset(model.eos_ids), self.check_options(opts),
-                       opts.demand, model.grammars.compile(opts.response_format), opts.stop,
-                       frozenset(opts.stop_token_ids), opts.n, opts.logprob_count)
+                       opts.demand, self._grammar(opts.response_format, tool_plan, reasoning), opts.stop,
+                       frozenset(opts.stop_token_ids), opts.n, opts.logprob_count, tool_plan, reasoning)
+
+    def _chat(self, conversation: Conversation, opts: GenerationOptions, features: ChatFeatures) -> Conversation:
+        """The conversation with the tools and template variables its chat template renders: OptionError for a
+        variable the template does not read (chat_template_kwargs.<name>), PromptError for a tool round trip in
+        the history of a template that renders no tools."""
+        unknown = sorted(set(opts.chat_template_kwargs) - set(features.variables))
+        if unknown:
+            raise OptionError(f"chat_template_kwargs.{unknown[0]}: this model's chat template does not read it (it "
+                              f"reads {sorted(features.variables) or 'no variables'})",
+                              param=f"chat_template_kwargs.{unknown[0]}")
+        if features.tool_calls is None:
+            for i, m in enumerate(conversation.messages):
+                if m["role"] == "tool" or m.get("tool_calls"):
+                    raise PromptError(f"messages[{i}]: this model's chat template renders no tool calls or tool "
+                                      "results, so a tool round trip cannot be in its conversation",
+                                      param=f"messages[{i}]")
+            return dataclasses.replace(conversation, template_kwargs=dict(opts.chat_template_kwargs))
+        return dataclasses.replace(conversation, tools=tuple(opts.tools),
+                                   template_kwargs=dict(opts.chat_template_kwargs))
+
+    def _grammar(self, response_format, tool_plan, reasoning):
+        """The answer's checked Grammar (runtime/grammar.py) or None: the tool plan's calls (a lark grammar over the
+        family's format; each reached tool's schema checked and compiled on its own first, so a bad one is refused
+        naming it), else the response_format, after the reasoning when the prompt opened it."""
+        compiler = self.model.grammars
+        if tool_plan is not None:
+            for tool in tool_plan.tools:
+                compiler.compile(_json_schema(tool.parameters), param=f"{tool.param}.parameters")
+            for text, param, what in tool_calls.literals(tool_plan):
+                compiler.check_spelling([(text, what)], param)
+            return compiler.compile_lark(tool_calls.grammar(tool_plan, reasoning, compiler.literal), param="tools")
+        grammar = compiler.compile(response_format)
+        if grammar is None or reasoning is None:
+            return grammar
+        return compiler.compile_lark(tool_calls.grammar(None, reasoning, compiler.literal,
+                                                        response_schema(response_format)), param="response_format")
 
     def _in_vocabulary(self, name: str, ids) -> None:
         """OptionError (param ``name``) for a token id past the vocabulary."""

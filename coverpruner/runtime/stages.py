@@ -32,6 +32,9 @@ class Request:
     constrained to, or None. stop: strings that end the answer where they appear in its text; stop_token_ids:
     further ids that end it (both finish_reason "stop"; runtime/stop.py). n: answers (forked after one prefill).
     top_logprobs: None (no logprobs) or the alternatives reported with each token's log-probability (0..20).
+    tool_plan: the calls its answer may make (runtime.tool_calls.ToolPlan) or None; reasoning: the family's
+    ReasoningFormat when its prompt opened the thinking (the answer starts with reasoning), else None. Both are
+    what runtime.answer_parts splits the answer's text by.
     """
 
     conversation: object
@@ -48,6 +51,8 @@ class Request:
     stop_token_ids: frozenset = frozenset()
     n: int = 1
     top_logprobs: int | None = None
+    tool_plan: object = None
+    reasoning: object = None
 
     @property
     def seed(self) -> int | None:

@@ -50,15 +50,18 @@ class PromptEncoder:
         e.g. NFKC's ligatures). Tokenizing megabytes took seconds with the GIL held."""
         return len(prompt) <= 4 * self.max_token_bytes * max_tokens
 
-    def encode_conversation(self, messages: list[dict], rows_per_image: list[int], media: list[dict] | None = None):
+    def encode_conversation(self, messages: list[dict], rows_per_image: list[int], media: list[dict] | None = None,
+                            tools=(), template_kwargs: dict | None = None):
         """Lay out normalised messages (runtime.messages) with the j-th image placeholder expanded to
         ``rows_per_image[j]`` tokens -> the family's ConversationLayout. media: each image's / video's
-        VisionInputs.facts (a family's placeholder text may depend on them: Qwen3-VL's video timestamps)."""
+        VisionInputs.facts (a family's placeholder text may depend on them: Qwen3-VL's video timestamps); tools and
+        template_kwargs: the template's variables (given to the family only when the request has them)."""
         try:
             rows = [int(r) for r in rows_per_image]
+            extra = {k: v for k, v in (("tools", list(tools)), ("template_kwargs", template_kwargs)) if v}
             if media is None:
-                return self.family.conversation_layout(self.tokenizer, messages, rows)
-            return self.family.conversation_layout(self.tokenizer, messages, rows, media=list(media))
+                return self.family.conversation_layout(self.tokenizer, messages, rows, **extra)
+            return self.family.conversation_layout(self.tokenizer, messages, rows, media=list(media), **extra)
         except ValueError as exc:
             raise PromptError(str(exc).splitlines()[0]) from None
         except Exception as exc:  # jinja2 errors from a broken template in the manifest

@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.integers import ascii_int
-from coverpruner.runtime import Pipeline, grammar
+from coverpruner.runtime import Pipeline, grammar, tool_calls
 from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
@@ -259,15 +259,13 @@ def create_app(config: ServerConfig) -> FastAPI:
             except CoverPrunerError as exc:
                 raise _api_error_from(exc) from None
 
-        tool = await run_in_threadpool(tools.plan, req, state.pipelines[0].grammars)  # 400 naming tools / tool_choice
-        if tool is not None:
-            req.response_format = tool.response_format
-        if req.response_format is not None:  # compiled (once per distinct schema) before the request is queued
-            await _compile_grammar(state, req.response_format, "tools" if tool is not None else "response_format")
+        if req.response_format is not None and not req.tools:  # compiled (once per distinct schema) before the
+            await _compile_grammar(state, req.response_format, "response_format")  # request is queued
+        # the options and messages are checked (Pipeline.check_chat: tools, tool_choice and their grammar
+        # included) before any image is fetched, and the one runtime Request is built after
         gen = await run_in_threadpool(build_request, req, state.defaults, config.allow_local_files,
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
                                       state.family, config.max_video_bytes, state.takes_video, bound)
-        gen.tool = tool
         await run_in_threadpool(build, gen)
         parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
@@ -431,7 +429,8 @@ def body_caps() -> dict:
     over one is refused while it is read (a 10^6-entry logit_bias, 50,000 tools, a 36 MB schema, 100,000
     prompts); each limit is checked again, by name, on a body small enough to be read whole."""
     schema = grammar.MAX_SCHEMA_NODES + 16  # + response_format's own fields (type, json_schema: name, strict, ...)
-    return {"response_format": (schema, grammar.TOO_COMPLEX), "tools": (tools.MAX_TOOLS_VALUES, grammar.TOO_COMPLEX),
+    return {"response_format": (schema, grammar.TOO_COMPLEX),
+            "tools": (tool_calls.MAX_TOOLS_VALUES, grammar.TOO_COMPLEX),
             "logit_bias": (MAX_LOGIT_BIAS_ENTRIES, "invalid_value"), "stop": (MAX_STOP_STRINGS, "invalid_value"),
             "prompt": (MAX_PROMPTS, "invalid_value")}
 
@@ -631,8 +630,8 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
         choices, logprobs = [], []
         for c in got:
             fields, finish = {"content": c.text}, finish_reason(c.end)
-            if gen.tool is not None:  # a forced tool call: the answer is the call's arguments
-                fields, finish = tools.message(gen.tool, c.text, finish)
+            if _parsed(gen):  # tool calls and reasoning split from the text (serving/tools.py)
+                fields, finish = tools.message(gen.request, c.text, finish)
             choices.append(Choice(index=c.index, message=AssistantMessage(**fields), finish_reason=finish))
             logprobs.append(chat_logprobs(c.logprobs, state.token_text) if lp else None)
         body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=choices,
@@ -643,6 +642,11 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
         return body
 
     return await json_answer(got, gen, build)
+
+
+def _parsed(gen: GenerationRequest) -> bool:
+    """Whether the request's answers are split into reasoning, content and tool calls (serving/tools.py)."""
+    return gen.request.tool_plan is not None or gen.request.reasoning is not None
 
 
 def sse_data(obj) -> str:
@@ -660,13 +664,12 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                                             choices=[ChunkChoice(index=index, delta=delta, finish_reason=finish,
                                                                  logprobs=logprobs)], **extra))
 
-    # a forced tool call streams each answer's text as its call's arguments (serving/tools.py)
-    calls = [None if gen.tool is None else tools.ToolStream(gen.tool) for _ in range(gen.n)]
+    # an answer that may hold tool calls or reasoning streams them as their own deltas (serving/tools.py)
+    calls = [tools.ChatStream(gen.request) if _parsed(gen) else None for _ in range(gen.n)]
     results = []
     try:
-        for index, call in enumerate(calls):
-            yield chunk(index, Delta(role="assistant", content="" if call is None else None,
-                                     tool_calls=None if call is None else call.first()))
+        for index in range(gen.n):
+            yield chunk(index, Delta(role="assistant", content=""))
         async for item in answers(state, job, gen, event):
             if item is None:  # cancelled
                 break
@@ -680,16 +683,16 @@ async def _sse(state: ServerState, job: Job, gen: GenerationRequest, event, meta
                 if call is None:
                     yield chunk(item.index, Delta(content=item.text), logprobs=logprobs)
                 else:
-                    args = call.push(item.text)
-                    if args or logprobs:
-                        yield chunk(item.index, Delta(tool_calls=args or None), logprobs=logprobs)
+                    deltas = call.push(item.text) or ([{}] if logprobs else [])
+                    for k, delta in enumerate(deltas):  # the token's logprobs ride its first delta
+                        yield chunk(item.index, Delta(**delta), logprobs=None if k else logprobs)
             else:
                 results.append(item.result)
                 finish = finish_reason(item)
                 if call is not None:
-                    tool_call, content, finish = call.end(finish)
-                    if tool_call or content:
-                        yield chunk(item.index, Delta(tool_calls=tool_call, content=content))
+                    for delta in call.end():
+                        yield chunk(item.index, Delta(**delta))
+                    finish = tools.finish_reason(call.splitter, finish)
                 yield chunk(item.index, Delta(), finish, coverpruner=_coverpruner(item.result))
         if len(results) == gen.n and gen.include_usage:
             yield sse_data(ChatCompletionChunk(id=meta.id, created=meta.created, model=meta.model, choices=[],

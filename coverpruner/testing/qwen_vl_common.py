@@ -15,10 +15,16 @@ from coverpruner.testing.tokenizer import corpus
 
 QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                  "<|image_pad|>", "<|video_pad|>"]
+#: Qwen's tool-call and thinking markers: single added tokens that are not special (a real Qwen2.5 / Qwen3
+#: vocabulary's <tool_call> 151657 ... </think> 151668, "special": false), so they stay in decoded text and one token
+#: opens a call: what a logit_bias stands a trained model's preference on. Appended after the specials (ids 1007..):
+#: the trained pieces keep their ids and 1013 rows still round up to the same 1024-row embedding.
+QWEN_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
 def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
-    """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces.
+    """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces, then
+    the tool-call and thinking markers (QWEN_MARKERS, added tokens that are not special).
 
     Trained on the same generated corpus as the LLaVA test tokenizer plus ChatML pieces.
     """
@@ -33,6 +39,7 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
     tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_MARKERS])
     return tok
 
 
