@@ -267,7 +267,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                                       config.allow_remote_images, state.options, check, config.remote_timeout_s,
                                       state.family, config.max_video_bytes, state.takes_video, bound)
         await run_in_threadpool(build, gen)
-        parts = [p for m in gen.messages if isinstance(m["content"], list) for p in m["content"]]
+        parts = [p for m in gen.messages if isinstance(m.get("content"), list) for p in m["content"]]
         pixels = sum(p["image"].width * p["image"].height for p in parts if p["type"] == "image")
         if pixels <= _LARGE_IMAGE_PIXELS and not any(p["type"] == "video" for p in parts):  # frames: large too
             return await _answer(state, request, gen, arrived, render)

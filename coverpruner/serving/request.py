@@ -26,7 +26,7 @@ from coverpruner.serving.schema import BODY_NAMES, REFUSED_FIELDS, REFUSED_UNLES
 from coverpruner.serving.videos import MAX_VIDEO_BYTES, load_video_url, sampling_fields
 
 #: OpenAI roles the pipeline takes ("developer" is OpenAI's newer name for a system message)
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 DEFAULT_MAX_TOKENS = 128
 
 
@@ -46,14 +46,13 @@ def pipeline_options(pipeline=None) -> dict:
 @dataclass
 class GenerationRequest:
     """One request on its way to a worker: messages (images decoded to PIL), its GenerationOptions (stop strings,
-    n and logprobs included), the streaming settings, a forced tool call, and ``request``: the runtime Request the
+    n, logprobs and tools included), the streaming settings, and ``request``: the runtime Request the
     app builds once from messages and options (Pipeline.chat_request), which the worker submits as it is."""
 
     messages: list
     options: GenerationOptions
     stream: bool = False
     include_usage: bool = False
-    tool: object = None  # serving.tools.ToolPlan of a forced tool call
     request: object = None  # runtime.stages.Request
 
     @property
@@ -106,7 +105,7 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
             return {"type": "video", "video": data, **part["sampling"]}
         return part
 
-    messages = [msg if isinstance(msg["content"], str) else {**msg, "content": [fetch(p) for p in msg["content"]]}
+    messages = [msg if not isinstance(msg.get("content"), list) else {**msg, "content": [fetch(p) for p in msg["content"]]}
                 for msg in pending]
     return GenerationRequest(messages, options, req.stream, bool(req.stream_options and req.stream_options.include_usage))
 
@@ -140,8 +139,8 @@ def _without_images(pending: list[dict]) -> list[dict]:
             return {"type": "video", "video": [frame, frame], **part["sampling"]}
         return part
 
-    return [msg if isinstance(msg["content"], str) else {**msg, "content": [stand_in_part(p) for p in msg["content"]]}
-            for msg in pending]
+    return [msg if not isinstance(msg.get("content"), list)
+            else {**msg, "content": [stand_in_part(p) for p in msg["content"]]} for msg in pending]
 
 
 def _conversation(req: ChatCompletionRequest, family: str | None = None, takes_video: bool = False) -> list[dict]:
@@ -154,6 +153,9 @@ def _conversation(req: ChatCompletionRequest, family: str | None = None, takes_v
         if role is None:
             raise bad_request(f"messages[{i}].role {msg.role!r} is not supported; expected one of "
                               f"{sorted(_ROLES)}", f"messages[{i}].role", "unsupported_role")
+        if role in ("assistant", "tool"):  # a tool round trip's turns: checked by runtime/messages.py
+            out.append(_reply_turn(msg, role, i))
+            continue
         content = msg.content if msg.content is not None else ""
         if isinstance(content, str):
             _check_text([content], f"messages[{i}].content")
@@ -177,6 +179,26 @@ def _conversation(req: ChatCompletionRequest, family: str | None = None, takes_v
                                   "'video_url'", f"{param}.type")
         out.append({"role": role, "content": parts})
     return out
+
+
+def _reply_turn(msg, role: str, i: int) -> dict:
+    """An assistant or tool message -> its turn for runtime/messages.py (content, tool_calls, tool_call_id, name,
+    reasoning_content as sent; a null content stays absent: templates tell it from ""); its content is text only."""
+    turn = {"role": role, **{k: v for k, v in (("content", msg.content), ("tool_calls", msg.tool_calls),
+                                               ("tool_call_id", msg.tool_call_id), ("name", msg.name),
+                                               ("reasoning_content", msg.reasoning_content)) if v is not None}}
+    content = turn.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(f"{role} messages hold text parts only", f"messages[{i}].content[{j}]")
+            _check_text([part["text"]], f"messages[{i}].content[{j}].text")
+        turn["content"] = [{"type": "text", "text": p["text"]} for p in content]
+    elif content is not None:
+        _check_text([content], f"messages[{i}].content")
+    if msg.reasoning_content is not None:
+        _check_text([msg.reasoning_content], f"messages[{i}].reasoning_content")
+    return turn
 
 
 def _video_part(part: dict, param: str, role: str, sent_role: str, family: str | None, takes_video: bool) -> dict:
@@ -221,9 +243,10 @@ def _options(req: ChatCompletionRequest, defaults: dict, allowed: dict) -> dict:
         opts["top_p"] = req.top_p
     if req.seed is not None:
         opts["seed"] = req.seed
-    if req.response_format is not None:  # the body's, or a forced tool call's (serving.tools, set by the app)
+    if req.response_format is not None:
         opts["response_format"] = req.response_format
-    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "stop", "n", "logprobs", "top_logprobs"):
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias", "stop", "n", "logprobs", "top_logprobs",
+                 "tools", "tool_choice", "parallel_tool_calls"):
         if getattr(req, name) is not None:
             opts[name] = getattr(req, name)
     if "budget" in allowed:

@@ -23,9 +23,10 @@ from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, MAX_TOP_LOGPRO
 OPENAI_FIELDS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_p": "top_p", "seed": "seed",
                  "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
                  "logit_bias": "logit_bias", "response_format": "response_format", "stop": "stop", "n": "n",
-                 "logprobs": "logprobs", "top_logprobs": "top_logprobs"}
+                 "logprobs": "logprobs", "top_logprobs": "top_logprobs", "tools": "tools", "tool_choice": "tool_choice",
+                 "parallel_tool_calls": "parallel_tool_calls"}
 #: OpenAI body fields this server takes but that change nothing here (bookkeeping for OpenAI's own platform)
-NOOP_FIELDS = ("user", "metadata", "store", "service_tier", "parallel_tool_calls")
+NOOP_FIELDS = ("user", "metadata", "store", "service_tier")
 #: OpenAI body fields this server refuses -> why (the 400 names the field and this reason); a null value or the
 #: value that means "off" (REFUSED_UNLESS) is taken
 REFUSED_FIELDS = {
@@ -39,7 +40,7 @@ REFUSED_FIELDS = {
 #: the value of a refused field that asks for nothing (taken silently)
 REFUSED_UNLESS = {"modalities": ["text"]}
 #: GenerationOptions fields a body may set as extra fields (``extra_body`` of the openai client)
-EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids")
+EXTRA_FIELDS = ("budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids", "chat_template_kwargs")
 #: GenerationOptions fields the server sets itself: max_images (--max-images) and family (the family's options,
 #: extra fields under their own names)
 SERVER_FIELDS = ("max_images", "family")
@@ -66,6 +67,11 @@ class Message(_Strict):
     # serving.request, which names the offending part in its error
     content: Union[str, list[dict[str, Any]], None] = None
     name: str | None = None
+    # a tool round trip (runtime/messages.py checks them, each error naming its field): an assistant's calls and
+    # thinking, and the call a tool message answers
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
 
 
 class StreamOptions(_Strict):
@@ -100,11 +106,12 @@ class ChatCompletionRequest(BaseModel):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    parallel_tool_calls: bool | None = None
-    # constrained output (runtime/grammar.py, serving/tools.py): checked there, each error naming its field
+    # constrained output and tool calls (runtime/grammar.py, runtime/tool_calls.py): checked there, each error
+    # naming its field
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None
     # REFUSED_FIELDS (n, logprobs, ...) land in model_extra and are refused by name in serving.request
 
 
@@ -121,7 +128,8 @@ class Usage(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[dict[str, Any]] | None = None  # serving/tools.py: a forced call (content None)
+    tool_calls: list[dict[str, Any]] | None = None  # serving/tools.py: the answer's calls (content None without text)
+    reasoning_content: str | None = None  # a thinking model's reasoning (serving/tools.py)
 
 
 class Choice(BaseModel):
@@ -144,6 +152,7 @@ class ChatCompletion(BaseModel):
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 
