@@ -8,11 +8,7 @@ pruning fields, stop strings, n, logprobs, limits and errors alike); only the sh
   many alternatives per token) in the legacy shape; ``max_tokens`` defaults to 16 as OpenAI's. A list of k prompts
   with n answers gives k * n choices, prompt i's answer j at index i * n + j (not streamed: a streamed request
   takes one prompt).
-- /v1/responses: ``input`` a string or a list of messages (content a string or input_text / input_image parts;
-  an assistant's output_text parts), ``instructions`` (a system message first), ``max_output_tokens``,
-  ``temperature``, ``top_p``, ``stream`` (events response.created, response.output_item.added,
-  response.content_part.added, response.output_text.delta, response.output_text.done, response.content_part.done,
-  response.output_item.done, response.completed). One answer per response.
+- /v1/responses: serving/responses.py.
 
 Fields either API defines that this server cannot honour get a 400 naming the field and why (REFUSED below);
 book-keeping fields are taken and change nothing.
@@ -23,14 +19,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from coverpruner.serving import json_body
-from coverpruner.serving.choices import Delta, End, legacy_logprobs
+from coverpruner.serving.choices import Delta, legacy_logprobs
 from coverpruner.serving.errors import APIError, bad_request
 
 #: the legacy completions API's bound on ``logprobs``
@@ -49,28 +44,6 @@ COMPLETION_REFUSED = {
     "best_of": "best_of above n is not supported (ask for n answers and rank them)",
 }
 COMPLETION_OFF = {"echo": False}
-#: /v1/responses fields refused -> why; a null (or the value that asks for nothing, RESPONSE_OFF) is taken
-RESPONSE_REFUSED = {
-    "previous_response_id": "this server stores no responses; send the whole conversation in input",
-    "conversation": "this server stores no conversations; send the whole conversation in input",
-    "background": "background responses are not supported",
-    "reasoning": "this model has no reasoning settings",
-    "include": "no extra output items are produced",
-    "prompt": "stored prompt templates are not supported",
-    "tools": "tool calling is not offered on /v1/responses (use /v1/chat/completions)",
-    "tool_choice": "tool calling is not offered on /v1/responses (use /v1/chat/completions)",
-    "text": "only text output (text.format type 'text') is offered on /v1/responses",
-    "truncation": "the server never truncates input (only 'disabled')",
-    "top_logprobs": "logprobs are offered on /v1/chat/completions and /v1/completions",
-    "max_tool_calls": "tool calling is not offered on /v1/responses",
-}
-RESPONSE_OFF = {"background": False, "include": [], "tools": [], "tool_choice": "none",
-                "text": {"format": {"type": "text"}}, "truncation": "disabled", "top_logprobs": 0}
-#: /v1/responses fields taken that change nothing here
-RESPONSE_NOOP = ("metadata", "store", "user", "parallel_tool_calls", "service_tier", "safety_identifier",
-                 "prompt_cache_key")
-
-
 def _refuse(body: dict, refused: dict, off: dict) -> None:
     for name in sorted(set(body) & set(refused)):
         value = body.pop(name)
@@ -213,158 +186,6 @@ async def completions(request: Request, body: dict, serve, chat):
     return Response(await run_in_threadpool(merge), media_type="application/json")
 
 
-# -- /v1/responses ------------------------------------------------------------------------------------
-
-_PART_TYPES = {"input_text": "text", "output_text": "text", "input_image": "image_url"}
-
-
-def _response_content(content, param: str):
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"{param} must be a string or a list of content parts", param)
-    parts = []
-    for j, part in enumerate(content):
-        where = f"{param}[{j}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text"):
-            if not isinstance(part.get("text"), str):
-                raise bad_request(f"{kind} part needs a string field 'text'", f"{where}.text")
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image":
-            url = part.get("image_url")
-            if not isinstance(url, str):
-                raise bad_request("input_image part needs image_url (a URL or data: URL string; file_id is not "
-                                  "supported)", f"{where}.image_url")
-            parts.append({"type": "image_url", "image_url": {"url": url}})
-        else:
-            raise bad_request(f"content part type {kind!r} is not supported; expected 'input_text', "
-                              "'input_image' or (assistant) 'output_text'", f"{where}.type")
-    return parts
-
-
-def response_body(body: dict) -> dict:
-    """A /v1/responses body -> a chat body (400 naming the field for what cannot be taken)."""
-    body = dict(body)
-    _refuse(body, RESPONSE_REFUSED, RESPONSE_OFF)
-    for name in RESPONSE_NOOP:
-        body.pop(name, None)
-    given = body.pop("input", None)
-    if isinstance(given, str):
-        messages = [{"role": "user", "content": given}]
-    elif isinstance(given, list) and given:
-        messages = []
-        for i, item in enumerate(given):
-            if not isinstance(item, dict) or item.get("type", "message") != "message":
-                kind = item.get("type") if isinstance(item, dict) else type(item).__name__
-                raise bad_request(f"input item type {kind!r} is not supported; expected messages", f"input[{i}].type")
-            if item.get("role") not in ("user", "system", "developer", "assistant"):
-                raise bad_request(f"input[{i}].role {item.get('role')!r} is not supported; expected user, system, "
-                                  "developer or assistant", f"input[{i}].role")
-            messages.append({"role": item["role"], "content": _response_content(item.get("content"),
-                                                                                 f"input[{i}].content")})
-    else:
-        raise bad_request("input must be a string or a non-empty list of messages", "input")
-    instructions = body.pop("instructions", None)
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise bad_request("instructions must be a string", "instructions")
-        messages.insert(0, {"role": "system", "content": instructions})
-    if "max_output_tokens" in body:
-        body["max_tokens"] = body.pop("max_output_tokens")
-    return {**body, "messages": messages}
-
-
-def _response_object(meta, rid: str, mid: str, status: str, text: str | None, result=None, chat=None,
-                     request: dict | None = None) -> dict:
-    out = {"id": rid, "object": "response", "created_at": meta.created, "status": status, "model": meta.model,
-           "error": None, "incomplete_details": None, "output": [], "parallel_tool_calls": False,
-           "tool_choice": "none", "tools": [], "metadata": {}, "text": {"format": {"type": "text"}},
-           "truncation": "disabled", **(request or {})}
-    if text is not None:
-        out["output"] = [{"type": "message", "id": mid, "status": "completed", "role": "assistant",
-                          "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}]
-    if result is not None:
-        if status == "incomplete":
-            out["incomplete_details"] = {"reason": "max_output_tokens"}
-        usage = chat.usage([result])
-        out["usage"] = {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens,
-                        "total_tokens": usage.total_tokens,
-                        "input_tokens_details": {"cached_tokens": int(result.cached_tokens)},
-                        "output_tokens_details": {"reasoning_tokens": 0}}
-        out["coverpruner"] = chat.coverpruner(result)
-    return out
-
-
-def response_render(chat, echo: dict):
-    """(complete, stream) of /v1/responses; echo: request settings the response object repeats."""
-
-    def status(end: End) -> str:
-        return "incomplete" if chat.finish_reason(end) == "length" else "completed"
-
-    async def complete(state, job, gen, event, meta):
-        got = await chat.collect(state, job, gen, event)
-        if got is None:
-            return Response(status_code=499)
-        (c,) = got
-        rid, mid = meta.id.replace("chatcmpl-", "resp_"), f"msg_{uuid.uuid4().hex}"
-        return JSONResponse(_response_object(meta, rid, mid, status(c.end), c.text, c.end.result, chat, echo))
-
-    async def stream(state, job, gen, event, meta, timer=None):
-        rid, mid = meta.id.replace("chatcmpl-", "resp_"), f"msg_{uuid.uuid4().hex}"
-        seq = iter(range(1 << 62))
-
-        def ev(kind: str, **fields) -> str:
-            return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(seq), **fields})}\n\n"
-
-        where = {"item_id": mid, "output_index": 0, "content_index": 0}
-        text = []
-        try:
-            yield ev("response.created", response=_response_object(meta, rid, mid, "in_progress", None, request=echo))
-            yield ev("response.in_progress", response=_response_object(meta, rid, mid, "in_progress", None,
-                                                                        request=echo))
-            yield ev("response.output_item.added", output_index=0,
-                     item={"type": "message", "id": mid, "status": "in_progress", "role": "assistant", "content": []})
-            yield ev("response.content_part.added", **where,
-                     part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-            async for item in chat.answers(state, job, gen, event):
-                if item is None:
-                    break
-                if isinstance(item, APIError):
-                    state.count_error(item)
-                    yield ev("error", code=item.code, message=item.message, param=item.param)
-                    break
-                if isinstance(item, Delta):
-                    if item.text:
-                        text.append(item.text)
-                        yield ev("response.output_text.delta", **where, delta=item.text, logprobs=[])
-                    continue
-                full = "".join(text)
-                part = {"type": "output_text", "text": full, "annotations": [], "logprobs": []}
-                yield ev("response.output_text.done", **where, text=full, logprobs=[])
-                yield ev("response.content_part.done", **where, part=part)
-                yield ev("response.output_item.done", output_index=0,
-                         item={"type": "message", "id": mid, "status": "completed", "role": "assistant",
-                               "content": [part]})
-                done = _response_object(meta, rid, mid, status(item), full, item.result, chat, echo)
-                yield ev("response.completed" if done["status"] == "completed" else "response.incomplete",
-                         response=done)
-        finally:
-            if timer is not None:
-                timer.cancel()
-            job.cancel()
-
-    return complete, stream
-
-
-async def responses(request: Request, body: dict, serve, chat):
-    """POST /v1/responses."""
-    arrived = time.monotonic()
-    echo = {k: body.get(k) for k in ("instructions", "max_output_tokens", "temperature", "top_p")}
-    req = chat.validate_chat(response_body(body))
-    return await serve(request, req, arrived, response_render(chat, echo))
-
-
 def add_endpoints(app, state, serve, read_json, chat) -> None:
     """Register /v1/completions and /v1/responses on ``app``; serve: the chat path (serving.app.create_app's),
     read_json: the body reader with the server's limits; chat: the chat path's helpers (collect, answers,
@@ -376,4 +197,6 @@ def add_endpoints(app, state, serve, read_json, chat) -> None:
 
     @app.post("/v1/responses")
     async def _responses(request: Request):
+        from coverpruner.serving.responses import responses
+
         return await responses(request, await read_json(request), serve, chat)

@@ -257,9 +257,9 @@ def _responses() -> list[Case]:
         Case("responses 40 MB instructions", _json(lambda: {**base, "input": "hi", "instructions": "x" * 40_000_000}),
              "/v1/responses"),
         Case("responses tools", _json({**base, "input": "hi", "tools": [{"type": "function", "name": "f"}]}),
-             "/v1/responses", param="tools"),
+             "/v1/responses", param="tool_choice"),  # "auto" on LLaVA, whose template renders no tools
         Case("responses function_call item", _json({**base, "input": [{"type": "function_call", "name": "f"}]}),
-             "/v1/responses", param="input[0].type"),
+             "/v1/responses", param="input[0].call_id"),
         Case("responses json text format", _json({**base, "input": "hi", "text": {"format": {"type": "json_object"}}}),
              "/v1/responses", param="text"),
     ]

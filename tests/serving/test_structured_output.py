@@ -239,7 +239,7 @@ def test_required_choice_over_two_tools(served):
      "response_format"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
     ({"response_format": {"type": "xml"}}, "response_format"),
-    ({"tools": [TOOL]}, "tool_choice"),  # no tool_choice with tools is OpenAI's "auto": refused by name
+    ({"tools": [TOOL]}, "tool_choice"),  # OpenAI's "auto" on LLaVA, whose template renders no tools: refused
     ({"tools": [TOOL], "tool_choice": "auto"}, "tool_choice"),
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}],
@@ -253,6 +253,20 @@ def test_bad_formats_name_their_field(client, demo_png, body, param):
                                        extra_body={"budget": 8, **body})
     assert info.value.body["param"] == param, info.value.body
     assert "\n" not in info.value.body["message"]
+
+
+def test_refusals_say_why(client, demo_png):
+    """LLaVA's template renders no tools: "auto" is refused saying so; a forced call whose tool names the tiny
+    vocabulary cannot spell ("_") is refused at admission naming the name and the vocabulary, not response_format."""
+    tools = [{"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": {}}}}
+             for name in ("get_weather", "final_result")]
+    for body, param, words in [({"tools": tools}, "tool_choice", "renders no tools"),
+                               ({"tools": tools, "tool_choice": "required"}, "tools[0].function.name",
+                                "vocabulary cannot write '_'")]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model="tiny", messages=user_message(data_url(demo_png)), max_tokens=4,
+                                           **body)
+        assert info.value.body["param"] == param and words in info.value.body["message"], info.value.body
 
 
 def test_cached_turn_under_a_schema_equals_cache_off(tiny_export, demo_png):

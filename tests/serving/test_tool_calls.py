@@ -180,3 +180,41 @@ def test_round_trip_errors(served):
             served.client.chat.completions.create(model="tiny", messages=served.messages + tail, tools=[TOOL],
                                                   max_tokens=4)
         assert err.value.body["param"] == param, err.value.body
+
+
+def test_responses_function_call_and_round_trip(served):
+    """/v1/responses: a function tool, the biased call as a function_call item (streamed: output_item.added with
+    the name, function_call_arguments.delta pieces, .done), equal to chat's call; the call and its
+    function_call_output sent back give a message item."""
+    tool = {"type": "function", "name": "get_weather", "description": "The weather of a city", "parameters": WEATHER}
+    image, text = served.messages[0]["content"]
+    given = [{"role": "user", "content": [{"type": "input_image", "image_url": image["image_url"]["url"]},
+                                          {"type": "input_text", "text": text["text"]}]}]
+    extra = {"logit_bias": {str(served.call_token): 100}, "budget": 8}
+    resp = served.client.responses.create(model="tiny", input=given, tools=[tool], parallel_tool_calls=False,
+                                          max_output_tokens=MAX_TOKENS, extra_body=extra)
+    assert resp.status == "completed" and [o.type for o in resp.output] == ["function_call"], resp.output
+    call = resp.output[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_")
+    check_weather(call.arguments)
+    _, _, chat_calls, _ = ask(served.client, served.messages, False, tools=[TOOL], max_tokens=MAX_TOKENS,
+                              parallel_tool_calls=False, logit_bias=extra["logit_bias"], extra_body={"budget": 8})
+    assert chat_calls[0]["function"] == {"name": call.name, "arguments": call.arguments}
+
+    events = list(served.client.responses.create(model="tiny", input=given, tools=[tool], parallel_tool_calls=False,
+                                                 max_output_tokens=MAX_TOKENS, stream=True, extra_body=extra))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"], kinds
+    assert events[2].item.type == "function_call" and events[2].item.name == "get_weather"
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert deltas == call.arguments and len(done) == 1 and done[0].arguments == call.arguments
+    assert kinds[-2:] == ["response.output_item.done", "response.completed"]
+    assert events[-1].response.output[0].arguments == call.arguments
+
+    back = given + [{"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+                    {"type": "function_call_output", "call_id": call.call_id, "output": '{"sky": "clear"}'}]
+    answer = served.client.responses.create(model="tiny", input=back, tools=[tool], max_output_tokens=8,
+                                            extra_body={"budget": 8})
+    assert answer.output and answer.output[0].type in ("message", "function_call")
+    assert answer.usage.input_tokens_details.cached_tokens > 0
