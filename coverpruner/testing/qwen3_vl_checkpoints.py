@@ -70,7 +70,7 @@ QWEN3_VL_CHAT_TEMPLATE = (
 # else the text before </think>; shown for the turns after the last user query only) and a generation prompt that
 # opens the thinking: "<|im_start|>assistant\n<think>\n". No enable_thinking switch (the Thinking checkpoints always
 # think). Written from the published file's structure (not fetched here: this machine has no network).
-QWEN3_VL_THINKING_CHAT_TEMPLATE = """{%- set image_count = namespace(value=0) %}
+QWEN3_VL_THINKING_CHAT_TEMPLATE = r"""{%- set image_count = namespace(value=0) %}
 {%- set video_count = namespace(value=0) %}
 {%- macro render_content(content, do_vision_count) %}
     {%- if content is string %}
