@@ -196,12 +196,19 @@ class _Items:
     def push(self, text: str, end: bool = False):
         parts = self.splitter.push(text) if not end else self.splitter.finish()
         for part in parts:
+            yield from self._reasoning_first()
             yield from self._part(part)
         if end:
+            yield from self._reasoning_first()
             yield from self._close()
             if not any(item["type"] == "message" for item in self.items) and not self.splitter.calls:
                 yield from self._start("message")
                 yield from self._close()
+
+    def _reasoning_first(self):
+        """A thinking answer's output starts with its reasoning item (empty when the model closed it at once)."""
+        if self.splitter.reasoning_format is not None and not self.items:
+            yield from self._start("reasoning")
 
     def _part(self, part):
         if part.kind == "call":

@@ -1,0 +1,83 @@
+"""A Qwen3-VL checkpoint with the Thinking chat template (its generation prompt opens <think>): the server returns
+the thinking as reasoning_content, separated from content, streamed and not, on chat and as a reasoning item on
+/v1/responses; both equal to splitting the model's whole generated text at </think> (the Pipeline's own text of the
+same request, split here by string operations, as Qwen's template splits an assistant turn).
+
+Random weights never close their thinking by themselves: a logit_bias on </think> (one token of the vocabulary)
+stands in for a trained model's; greedy decoding makes every answer the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import openai
+import pytest
+
+from tests.serving.conftest import data_url, start_server, user_message
+from tests.serving.test_tool_calls import token_id
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def thinking(builds, tmp_path_factory, demo_png):
+    from coverpruner.runtime import Pipeline
+    from coverpruner.serving import ServerConfig
+    from coverpruner.testing.qwen3_vl_checkpoints import QWEN3_VL_THINKING_CHAT_TEMPLATE
+
+    engine = tmp_path_factory.mktemp("thinking") / "engine"
+    shutil.copytree(builds.export("qwen3-vl-tiny", "ort"), engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    manifest["chat_template"] = QWEN3_VL_THINKING_CHAT_TEMPLATE
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    with start_server(ServerConfig(str(engine), workers=1, threads=1, model_name="tiny")) as url:
+        yield (openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120),
+               Pipeline.load(engine, provider="cpu", threads=1), token_id(engine, "</think>"),
+               user_message(data_url(demo_png), "What is shown?"))
+
+
+def test_reasoning_content_is_the_text_before_think_close(thinking):
+    client, pipe, close, messages = thinking
+    bias = {str(close): 3.0}
+    whole = pipe.chat(messages, max_new_tokens=40, budget=8, logit_bias={close: 3.0}).text
+    assert "</think>" in whole, whole  # the bias made the model close its thinking
+    want_reasoning = whole.split("</think>")[0].strip("\n")
+    want_content = whole.split("</think>", 1)[1].lstrip("\n")
+    assert want_reasoning and want_content, whole
+
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, logit_bias=bias,
+                                       extra_body={"budget": 8})
+    m = r.choices[0].message
+    assert (m.model_extra["reasoning_content"], m.content) == (want_reasoning, want_content)
+    assert r.usage.completion_tokens == 40 or r.choices[0].finish_reason == "stop"  # max_tokens counts both
+
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, logit_bias=bias,
+                                                stream=True, extra_body={"budget": 8}):
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+    assert ("".join(reasoning), "".join(content)) == (want_reasoning, want_content)
+
+    resp = client.responses.create(model="tiny", input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": messages[0]["content"][0]["image_url"]["url"]},
+        {"type": "input_text", "text": "What is shown?"}]}], max_output_tokens=40, extra_body={
+            "logit_bias": bias, "budget": 8})
+    kinds = [o.type for o in resp.output]
+    assert kinds == ["reasoning", "message"], kinds
+    assert resp.output[0].content[0].text == want_reasoning and resp.output_text == want_content
+
+
+def test_a_later_turn_renders_the_reasoning(thinking):
+    """The answer sent back with its reasoning_content is accepted (rendered by the template) and answered."""
+    client, _, close, messages = thinking
+    r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=12, logit_bias={str(close): 6.0},
+                                       extra_body={"budget": 8})
+    m = r.choices[0].message
+    history = messages + [{"role": "assistant", "content": m.content,
+                           "reasoning_content": m.model_extra["reasoning_content"]},
+                          {"role": "user", "content": "And then?"}]
+    again = client.chat.completions.create(model="tiny", messages=history, max_tokens=4, extra_body={"budget": 8})
+    assert again.choices[0].finish_reason in ("stop", "length")
