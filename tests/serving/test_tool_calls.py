@@ -60,7 +60,7 @@ def token_id(engine: Path, text: str) -> int:
         ids = tokenizer.encode(text, add_special_tokens=False).ids
         assert len(ids) == 1, (text, ids)
         tid = ids[0]
-    assert tokenizer.decode([tid]) == text, (text, tid)
+    assert tokenizer.decode([tid], skip_special_tokens=False) == text, (text, tid)
     return tid
 
 
