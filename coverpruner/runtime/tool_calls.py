@@ -13,7 +13,8 @@ each refusal an OptionError naming ``tools[i]...`` or ``tool_choice``); ``plan``
 marker, then the calls, each ``open + before_name + NAME + before_arguments + ARGUMENTS + close`` with the name one
 of the reachable tools' and the arguments generated under that tool's parameters schema (OpenAI's spacing, as
 runtime/grammar.py's JSON), calls joined by the format's separator. A marker that is one token of the vocabulary
-(Qwen's <tool_call>) is that token in the grammar, so a model opens a call only with it. When the prompt opened the
+(Qwen's <tool_call>) is that token in the grammar, so a model opens a call only with it; a marker of characters
+ends the free text as llguidance's stop string (tests/runtime/test_tool_calls.py plants such a format). When the prompt opened the
 thinking (ReasoningFormat), the grammar starts with the reasoning (text that never spells the closing marker) and
 its closing marker. The text of an answer is split back into reasoning, text and calls by runtime/answer_parts.py.
 
@@ -160,18 +161,25 @@ def grammar(tool_plan: ToolPlan | None, reasoning: ReasoningFormat | None, liter
         lines.append(f"answer: %json {_json(schema)}")
         return "\n".join(lines) + "\n"
     fmt = tool_plan.format
-    calls = "call (SEPARATOR call)*" if tool_plan.parallel else "call"
+    opener = literal(fmt.open)
+    rest = f" ({'SEPARATOR ' if fmt.separator else ''}{opener} body)*" if tool_plan.parallel else ""
     if tool_plan.forced:
         newlines = "/\\n*/ " if reasoning is not None else ""  # what a model writes between its thinking and a call
-        lines.insert(1, f"start: {head}{newlines}{calls}")
+        lines.insert(1, f"start: {head}{newlines}{opener} body{rest}")
     else:
-        lines.insert(1, f"start: {head}TEXT | {head}TEXT {calls}")
+        # text, then optionally calls. A marker that is one token opens a call only as that token (the text, a
+        # lexeme of characters, cannot hold it); a marker of characters ends the text as a stop string (a greedy
+        # text lexeme would swallow its first characters)
+        opened = f"TEXT {opener}" if opener.startswith("<[") else "opened"
+        lines.insert(1, f"start: {head}TEXT | {head}{opened} body{rest}")
         lines.append(f"TEXT: {_never(fmt.open)}")
-    lines.append("call: " + " | ".join(f"call_{k}" for k in range(len(tool_plan.tools))))
-    if tool_plan.parallel:
+        if opened == "opened":
+            lines.append(f"opened[stop={json.dumps(fmt.open)}]: /(?s:.*)/")
+    lines.append("body: " + " | ".join(f"body_{k}" for k in range(len(tool_plan.tools))))
+    if tool_plan.parallel and fmt.separator:
         lines.append(f"SEPARATOR: {json.dumps(fmt.separator)}")
     for k, tool in enumerate(tool_plan.tools):
-        lines.append(f"call_{k}: {literal(fmt.open + fmt.before_name + tool.name + fmt.before_arguments)} "
+        lines.append(f"body_{k}: {literal(fmt.before_name + tool.name + fmt.before_arguments)} "
                      f"%json {_json(tool.parameters)} {literal(fmt.close)}")
     return "\n".join(lines) + "\n"
 
