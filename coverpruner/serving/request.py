@@ -190,7 +190,11 @@ def _reply_turn(msg, role: str, i: int) -> dict:
     content = turn.get("content")
     if isinstance(content, list):
         for j, part in enumerate(content):
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type")
+            if kind in ("image_url", "video_url"):  # refused as in any turn that is not the user's
+                _url_part(part, kind, "images" if kind == "image_url" else "videos", f"messages[{i}].content[{j}]",
+                          role, msg.role)
+            if kind != "text" or not isinstance(part.get("text"), str):
                 raise bad_request(f"{role} messages hold text parts only", f"messages[{i}].content[{j}]")
             _check_text([part["text"]], f"messages[{i}].content[{j}].text")
         turn["content"] = [{"type": "text", "text": p["text"]} for p in content]

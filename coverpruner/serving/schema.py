@@ -15,8 +15,6 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-import dataclasses
-
 from coverpruner.runtime.options import MAX_NEW_TOKENS, MAX_SEED, MAX_TOP_LOGPROBS, GenerationOptions
 
 #: GenerationOptions fields OpenAI's own body fields fill -> that body field (named in errors about the option)
@@ -50,8 +48,8 @@ BODY_NAMES = {k: v for k, v in OPENAI_FIELDS.items() if k != v}
 
 def extra_fields() -> dict:
     """The extra body fields that are GenerationOptions fields -> their defaults."""
-    defaults = {f.name: f.default for f in dataclasses.fields(GenerationOptions)}
-    return {name: defaults[name] for name in EXTRA_FIELDS}
+    defaults = GenerationOptions()  # its fields' defaults (default_factory ones included), checked
+    return {name: getattr(defaults, name) for name in EXTRA_FIELDS}
 
 # strict: JSON types as OpenAI documents them, no coercion ("16" or true is not an int, "yes" not a bool);
 # allow_inf_nan=False: Python's json module reads Infinity / NaN, which no OpenAI field means

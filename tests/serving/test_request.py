@@ -16,7 +16,7 @@ from coverpruner.serving.errors import APIError
 from coverpruner.serving.schema import ChatCompletionRequest
 from tests.serving.conftest import data_url, user_message
 
-OPTION_FIELDS = {"budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids"}
+OPTION_FIELDS = {"budget", "method", "tau", "demand", "ignore_eos", "stop_token_ids", "chat_template_kwargs"}
 
 
 class _FamilyPipeline:

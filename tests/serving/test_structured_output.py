@@ -203,7 +203,7 @@ def test_named_tool(served):
     for stream in (False, True):
         text, finish, calls = _ask(client, messages, stream, max_tokens=MAX_TOKENS, tools=[TOOL],
                                    tool_choice={"type": "function", "function": {"name": "locate"}},
-                                   extra_body={"budget": 8})
+                                   parallel_tool_calls=False, extra_body={"budget": 8})
         assert finish == "tool_calls" and not text and len(calls) == 1
         assert calls[0]["type"] == "function" and calls[0]["function"]["name"] == "locate"
         assert calls[0]["id"].startswith("call_")
@@ -225,7 +225,8 @@ def test_required_choice_over_two_tools(served):
         "properties": {"kind": SCHEMA["properties"]["kind"]}}}}
     for stream in (False, True):
         text, finish, calls = _ask(client, messages, stream, max_tokens=MAX_TOKENS, tools=[TOOL, other],
-                                   tool_choice="required", temperature=1.0, seed=3, extra_body={"budget": 8})
+                                   tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=3,
+                                   extra_body={"budget": 8})
         assert finish == "tool_calls" and not text and len(calls) == 1, (finish, text, calls)
         name, args = calls[0]["function"]["name"], json.loads(calls[0]["function"]["arguments"])
         if name == "locate":
