@@ -81,3 +81,35 @@ def test_a_later_turn_renders_the_reasoning(thinking):
                           {"role": "user", "content": "And then?"}]
     again = client.chat.completions.create(model="tiny", messages=history, max_tokens=4, extra_body={"budget": 8})
     assert again.choices[0].finish_reason in ("stop", "length")
+
+
+def test_enable_thinking_switch(thinking, tmp_path):
+    """chat_template_kwargs reaches the template: a template whose generation prompt closes the thinking when
+    enable_thinking is false (Qwen3's switch) starts the answer in the content; the Thinking template reads no such
+    variable, so the server refuses it by name."""
+    from coverpruner.errors import OptionError
+    from coverpruner.runtime import Pipeline
+    from coverpruner.testing.qwen3_vl_checkpoints import QWEN3_VL_THINKING_CHAT_TEMPLATE
+
+    client, pipe, _, messages = thinking
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert info.value.body["param"] == "chat_template_kwargs.enable_thinking", info.value.body
+
+    engine = tmp_path / "switch"
+    shutil.copytree(pipe.model.manifest.root, engine)
+    manifest = json.loads((engine / "manifest.json").read_text())
+    prompt = "{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    assert prompt in QWEN3_VL_THINKING_CHAT_TEMPLATE
+    manifest["chat_template"] = QWEN3_VL_THINKING_CHAT_TEMPLATE.replace(prompt, (
+        "{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and enable_thinking is false %}"
+        "{{- '<think>\\n\\n</think>\\n\\n' }}{%- else %}{{- '<think>\\n' }}{%- endif %}"))
+    (engine / "manifest.json").write_text(json.dumps(manifest))
+    switch = Pipeline.load(engine, provider="cpu", threads=1)
+    text = [{"role": "user", "content": "Hi"}]
+    assert switch.chat_request(text).reasoning is not None
+    assert switch.chat_request(text, chat_template_kwargs={"enable_thinking": True}).reasoning is not None
+    assert switch.chat_request(text, chat_template_kwargs={"enable_thinking": False}).reasoning is None
+    with pytest.raises(OptionError, match="chat_template_kwargs.nope"):
+        switch.chat_request(text, chat_template_kwargs={"nope": 1})
