@@ -143,7 +143,11 @@ def test_biased_call_streamed_and_not_and_the_round_trip(served, budget):
     assert all(a[:3] == answers[0][:3] for a in answers), answers
     assert answers[0][1] in ("stop", "length", "tool_calls")
     cached = answers[0][3].prompt_tokens_details.cached_tokens
-    assert cached > 0, answers[0][3]  # the first turn's prompt blocks serve the second
+    first = got[0][3]
+    # the first turn's prompt blocks (16 rows each) all serve the second, and the answer's blocks up to where the
+    # re-tokenized call first differs from the tokens the model chose (random weights may spell a string with other
+    # pieces than the tokenizer's; measured: all of the answer's blocks in 3 of the 4 cases)
+    assert cached > 16 * (first.model_extra["prefill_tokens"] // 16), (cached, first)
     assert (answers[2][3].prompt_tokens_details.cached_tokens or 0) == 0  # the plain server caches nothing
 
 
