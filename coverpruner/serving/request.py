@@ -105,8 +105,8 @@ def build_request(req: ChatCompletionRequest, defaults: dict, allow_local_files:
             return {"type": "video", "video": data, **part["sampling"]}
         return part
 
-    messages = [msg if not isinstance(msg.get("content"), list) else {**msg, "content": [fetch(p) for p in msg["content"]]}
-                for msg in pending]
+    messages = [msg if not isinstance(msg.get("content"), list)
+                else {**msg, "content": [fetch(p) for p in msg["content"]]} for msg in pending]
     return GenerationRequest(messages, options, req.stream, bool(req.stream_options and req.stream_options.include_usage))
 
 
