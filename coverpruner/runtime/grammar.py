@@ -299,7 +299,8 @@ class GrammarCompiler:
         writes it only with that token."""
         if self._markers is None:
             added = self._tokenizer.get_added_tokens_decoder()
-            markers = {t.content: i for i, t in added.items() if i < self.vocab_size and self.bridge.is_special_token(i)}
+            markers = {t.content: i for i, t in added.items()
+                       if i < self.vocab_size and self.bridge.is_special_token(i)}
             self._markers = (markers, re.compile("(" + "|".join(re.escape(m) for m in sorted(markers, key=len,
                                                                                           reverse=True)) + ")")
                              if markers else None)

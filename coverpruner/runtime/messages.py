@@ -1,7 +1,8 @@
 """OpenAI-format chat messages -> the family layout's messages and the images in order.
 
 What Pipeline.chat takes (docs/conversations.md): a list of {"role": "system" | "user" | "assistant" | "tool",
-"content": str | [part, ...]} (an assistant's tool_calls and a tool's tool_call_id: normalize) with parts {"type": "text", "text": str}, {"type": "image_url", "image_url":
+"content": str | [part, ...]} (an assistant's tool_calls and a tool's tool_call_id: normalize) with parts
+{"type": "text", "text": str}, {"type": "image_url", "image_url":
 {"url": data: URL | local path | file:// URL}} (or the URL string itself), {"type": "image", "image": path |
 PIL image | uint8 array} and {"type": "video", "video": [frames] | local video file path | bytes of a video file,
 "fps": float (optional), "max_frames": int (optional)} (coverpruner.video.VideoInput; the family samples it).

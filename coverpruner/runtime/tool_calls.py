@@ -14,9 +14,9 @@ marker, then the calls, each ``open + before_name + NAME + before_arguments + AR
 of the reachable tools' and the arguments generated under that tool's parameters schema (OpenAI's spacing, as
 runtime/grammar.py's JSON), calls joined by the format's separator. A marker that is one token of the vocabulary
 (Qwen's <tool_call>) is that token in the grammar, so a model opens a call only with it; a marker of characters
-ends the free text as llguidance's stop string (tests/runtime/test_tool_calls.py plants such a format). When the prompt opened the
-thinking (ReasoningFormat), the grammar starts with the reasoning (text that never spells the closing marker) and
-its closing marker. The text of an answer is split back into reasoning, text and calls by runtime/answer_parts.py.
+ends the free text as llguidance's stop string (tests/runtime/test_tool_calls.py plants such a format). When the
+prompt opened the thinking (ReasoningFormat), the grammar starts with the reasoning (text that never spells the
+closing marker) and its closing marker. The text of an answer is split back into reasoning, text and calls by runtime/answer_parts.py.
 
 Bounds (docs/serving.md): at most MAX_TOOLS tools and MAX_TOOLS_VALUES JSON values over all tools, counted before
 any tool is read; each reached tool's schema within runtime.grammar's limits; a tool name, a marker or a schema
