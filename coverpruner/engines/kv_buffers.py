@@ -37,6 +37,7 @@ class HostKV:
         self.rows = max(capacity, batch)
         self.cos = np.zeros((self.rows, head_dim // 2), dtype)
         self.sin = np.zeros_like(self.cos)
+        self.extra_tables: dict = {}  # (cos name, sin name) -> tables of a further rotary base
 
     def bind_kv(self, binding, first: int, count: int, names) -> None:
         """Bind slots first..first+count-1 of every layer as past and present (names: [(past, present)] in
@@ -46,12 +47,18 @@ class HostKV:
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
-        """Write this call's rows (cos, sin [n, hd/2]) at the table's start and bind the table."""
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray,
+                    names: tuple[str, str] = ("rotary_cos", "rotary_sin")) -> None:
+        """Write this call's rows (cos, sin [n, hd/2]) at the table's start and bind the table as ``names`` (a
+        decoder with a second rotary base has a second table: engine_dir.rotary_names)."""
         n = len(cos)
-        self.cos[:n], self.sin[:n] = cos, sin
-        binding.bind_cpu_input("rotary_cos", self.cos)
-        binding.bind_cpu_input("rotary_sin", self.sin)
+        if names[0] == "rotary_cos":
+            tables = (self.cos, self.sin)
+        else:
+            tables = self.extra_tables.setdefault(names, (np.zeros_like(self.cos), np.zeros_like(self.sin)))
+        tables[0][:n], tables[1][:n] = cos, sin
+        binding.bind_cpu_input(names[0], tables[0])
+        binding.bind_cpu_input(names[1], tables[1])
 
     def copy_slot(self, src: int, dst: int, n: int) -> None:
         for pair in self.kv:
@@ -94,6 +101,7 @@ class CudaKV:
         self.rows = max(capacity, batch)
         self.cos = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
         self.sin = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
+        self.extra_tables: dict = {}  # (cos name, sin name) -> device tables of a further rotary base
         for buf in (*(b for pair in self.kv for b in pair), self.cos, self.sin):
             buf.zero(self.stream)
         self.stream.synchronize()
@@ -108,9 +116,17 @@ class CudaKV:
             binding.bind_input(past, "cuda", 0, self.dtype, shape, ptr)
             binding.bind_output(present, "cuda", 0, self.dtype, shape, ptr)  # same address: in-place update
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray,
+                    names: tuple[str, str] = ("rotary_cos", "rotary_sin")) -> None:
         shape = [self.rows, self.hd // 2]
-        for name, buf, rows in (("rotary_cos", self.cos, cos), ("rotary_sin", self.sin, sin)):
+        if names[0] == "rotary_cos":
+            tables = (self.cos, self.sin)
+        else:
+            tables = self.extra_tables.get(names)
+            if tables is None:
+                tables = tuple(self._cudart.DeviceBuffer(self.rows * (self.hd // 2) * self.item) for _ in range(2))
+                self.extra_tables[names] = tables
+        for name, buf, rows in ((names[0], tables[0], cos), (names[1], tables[1], sin)):
             buf.upload(np.ascontiguousarray(rows, self.dtype), self.stream)  # only this call's rows
             binding.bind_input(name, "cuda", 0, self.dtype, shape, buf.ptr)
         self.stream.synchronize()
