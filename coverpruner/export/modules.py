@@ -88,9 +88,11 @@ def attention_masks(config, attention, inputs_embeds, attention_mask, cache, pos
     kw = {"config": config, "inputs_embeds": inputs_embeds, "attention_mask": attention_mask, "cache": cache,
           "position_ids": position_ids}
     overlay = None
-    if attention.blocks:
-        past = torch.full((blocks.shape[0], attention_mask.shape[1] - blocks.shape[1]), -1, dtype=blocks.dtype)
-        overlay = blockwise_overlay(torch.cat([past, blocks], dim=1))  # indexed by absolute key / query position
+    if attention.blocks:  # indexed by absolute key / query position: the cached rows (-1) first
+        # the past length from the cache (the past tensors' rows), not attention_mask's length minus S: TensorRT's
+        # profile shapes need not be consistent at "opt", where that difference is negative
+        ids = nn.functional.pad(blocks, (cache.get_seq_length(), 0), value=-1)
+        overlay = blockwise_overlay(ids)
 
     def mask(window):
         return create_causal_mask(**kw, or_mask_function=overlay,

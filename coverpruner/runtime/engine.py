@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.engine_dir import graph_spec, position_ids_input
+from coverpruner.engine_dir import ATTENTION_BLOCKS, graph_spec, position_ids_input
 from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
+from coverpruner.runtime.attention_blocks import whole_blocks
 from coverpruner.runtime.errors import OptionError, PromptError
 from coverpruner.runtime.grammar import GrammarMatcher, start_masks
 from coverpruner.runtime.logprobs import TokenLogprob, check_top_logprobs, token_logprob
@@ -168,6 +169,8 @@ def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Sele
     if pipe.prefix_cache.enabled:
         plan.identity = pipe.row_identities(native, selection, rows, positions)
         plan.cached, plan.prefix = pipe.prefix_cache.lookup(plan.identity)
+        blocks = native.extras.get(ATTENTION_BLOCKS)  # contract v5: a block's KV is reusable whole only
+        plan.cached, plan.prefix = whole_blocks(None if blocks is None else blocks[rows], plan.cached, plan.prefix)
     return plan
 
 

@@ -30,13 +30,15 @@ from typing import Iterator
 
 import numpy as np
 
-from coverpruner.engine_dir import (DEFAULT_MAX_IMAGES, METHOD_GRAPHS, REQUIRED_GRAPHS, IntegrityCheck, Manifest,
-                                    graph_spec, load_manifest, position_ids_input, verify_files)
+from coverpruner.engine_dir import (ATTENTION_BLOCKS, DEFAULT_MAX_IMAGES, METHOD_GRAPHS, REQUIRED_GRAPHS,
+                                    IntegrityCheck, Manifest, graph_spec, load_manifest, position_ids_input,
+                                    verify_files)
 from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type, shrink_arena_options
 from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
 from coverpruner.families import get_family
+from coverpruner.runtime.attention_blocks import native_blocks
 from coverpruner.runtime.engine import Engine, feed_decode, feed_prefill, plan_prefill, token_row
 from coverpruner.runtime.errors import (CoverPrunerError, ImageError, ManifestError, OptionError, PromptError,
                                         VideoError)
@@ -585,6 +587,8 @@ class Pipeline:
         for span, where in zip(spans, layout.image_spans):
             embeds[where] = span.rows
         extras = self._native_extras(spans, layout, L, d)
+        if graph_spec(self.manifest, "decoder").attention.blocks:  # contract v5: each row's block, gathered alike
+            extras[ATTENTION_BLOCKS] = native_blocks(spans, layout.image_spans, L)
         if extras and cache.enabled:  # a cached KV prefix holds the extras' effect: they are part of its identity
             hashes = [_with_extras(h, span) for h, span in zip(hashes, spans)]
         times["embed"] = time.perf_counter() - t
