@@ -246,7 +246,7 @@ def native(fam: HFFamily, messages: list[dict]) -> Native:
     ids = inputs["input_ids"][0]
     runs = _image_runs(ids.tolist(), fam.image_token_id)
     assert len(runs) == len(images), f"{len(runs)} image spans for {len(images)} images"
-    if getattr(fam.hooks, "expanded_text", None) is not None and images:
+    if getattr(fam.hooks, "expanded_text", None) is not None:
         offsets, where, raw, message_spans = _expanded_text_index(fam, text, images, ids.tolist(), message_spans)
     else:
         offsets, where, raw = _expanded_index(fam, text, runs, ids.tolist())

@@ -21,6 +21,8 @@ def processor_inputs(processor, text: str, images: list) -> dict:
 def expanded_text(processor, text: str, images: list):
     """(the processor's expanded text, [(start, placeholder length, replacement length)] per image): the image
     placeholder <start_of_image> becomes text and soft tokens, not one token per row."""
+    if not images:
+        return text, []
     expanded, edits, _ = hf.expand(processor, text, images)
     return expanded, edits
 
