@@ -1,0 +1,40 @@
+"""Planting a family for a contract test: its package copied into a temporary folder on sys.path, its FAMILY first in
+the registry (so the LLaVA checkpoint's model_type finds it), the checkpoint exported in both decoder forms; all
+undone on exit. The planted package is the only code of the family: nothing outside it changes."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def planted(package, checkpoint: Path, root: Path):
+    """package: the imported planted package (tests/contract/planted_*); checkpoint: a LLaVA checkpoint dir ->
+    yields {"ort": engine dir, "standard": engine dir}."""
+    import coverpruner.families as families
+    from coverpruner.export.exporter import ExportOptions, export_model
+
+    name = package.__name__.rsplit(".", 1)[-1]
+    shutil.copytree(package.__path__[0], root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(root))
+    entry = __import__(name).FAMILY
+    saved = families.FAMILIES
+    # first in the registry (FAMILIES is a plain dict that tests may extend: families/__init__.py)
+    families.FAMILIES = {name: entry, **saved}
+    families.get_family.cache_clear()
+    try:
+        exports = {}
+        for form in ("ort", "standard"):
+            exports[form] = root / f"export_{form}"
+            export_model(checkpoint, exports[form], "planted", ExportOptions(dtype="fp32", progress=False,
+                                                                               decoder_form=form))
+        yield exports
+    finally:
+        families.FAMILIES = saved
+        families.get_family.cache_clear()
+        sys.path.remove(str(root))
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
