@@ -40,3 +40,27 @@ def planted(package, checkpoint: Path, root: Path):
         sys.path.remove(str(root))
         for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[module]
+
+
+def llava_request(checkpoint: Path, image, prompt: str):
+    """A planted test's HF side of one LLaVA request [image, prompt] (tests/families/llava/hf_reference.py's
+    pieces): (eager model, input ids [L], image rows [n], instruction positions [T], HF image features [n, d],
+    embeds [1, L, d] with the features at the image rows)."""
+    import torch
+    import transformers
+
+    from tests.families.llava import hf_reference as ref
+
+    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(checkpoint), attn_implementation="eager")
+    model.eval()
+    processor = transformers.AutoProcessor.from_pretrained(str(checkpoint))
+    inputs, text = ref.hf_inputs(processor, image, prompt)
+    ids = inputs["input_ids"][0]
+    image_id = model.config.image_token_id
+    vpos = torch.nonzero(ids == image_id).flatten()
+    instr = ref.instruction_positions(processor, text, prompt, ids, image_id)
+    feats = ref.hf_image_features(model, inputs["pixel_values"])  # [n, d]
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids[None]).clone()
+    embeds[0, vpos] = feats
+    return model, ids, vpos, instr, feats, embeds

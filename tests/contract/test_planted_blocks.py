@@ -53,24 +53,13 @@ def mask(blocks: np.ndarray, past: int, window: int) -> torch.Tensor:
 
 def reference(checkpoint, image, blocks_on: bool = True):
     """(new token ids, kept indices, pruned length, first logits float32 [V])."""
-    import transformers
-
-    from tests.families.llava import hf_reference as ref
+    from tests.contract.planting import llava_request
     from tests.literal_selection import coverage_reference
 
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(checkpoint), attn_implementation="eager")
-    model.eval()
-    processor = transformers.AutoProcessor.from_pretrained(str(checkpoint))
-    inputs, text = ref.hf_inputs(processor, image, PROMPT)
-    ids = inputs["input_ids"][0]
+    model, ids, vpos, instr, feats, embeds = llava_request(checkpoint, image, PROMPT)
     image_id = model.config.image_token_id
-    vpos = torch.nonzero(ids == image_id).flatten()
-    instr = ref.instruction_positions(processor, text, PROMPT, ids, image_id)
-    feats = ref.hf_image_features(model, inputs["pixel_values"])  # [n, d]
     lm = model.model.language_model
     with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids[None]).clone()
-        embeds[0, vpos] = feats
         blocks = np.full(len(ids), -1)
         blocks[vpos.numpy()] = (np.arange(len(vpos)) >= len(vpos) // 2).astype(int)
         att = lm(inputs_embeds=embeds, attention_mask=mask(blocks, 0, WINDOW), output_attentions=True).attentions[0]

@@ -42,23 +42,12 @@ def planted(builds, tmp_path_factory):
 
 def reference(checkpoint, image, with_extras: bool = True):
     """(new token ids, kept indices): HF LLaVA with the extras added after layers 0 and 1 at the kept image rows."""
-    import transformers
-
+    from tests.contract.planting import llava_request
     from tests.families.llava import hf_reference as ref
     from tests.literal_selection import coverage_reference
 
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(checkpoint), attn_implementation="eager")
-    model.eval()
-    processor = transformers.AutoProcessor.from_pretrained(str(checkpoint))
-    inputs, text = ref.hf_inputs(processor, image, PROMPT)
-    ids = inputs["input_ids"][0]
+    model, ids, vpos, instr, feats, embeds = llava_request(checkpoint, image, PROMPT)
     image_id = model.config.image_token_id
-    vpos = torch.nonzero(ids == image_id).flatten()
-    instr = ref.instruction_positions(processor, text, PROMPT, ids, image_id)
-    feats = ref.hf_image_features(model, inputs["pixel_values"])  # [n, d]
-    with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids[None]).clone()
-    embeds[0, vpos] = feats
     relevance = ref.hf_layer0_relevance(model, embeds, vpos.numpy(), instr)
     keep = coverage_reference(feats.numpy(), relevance, BUDGET, 0.3)  # ascending candidate indices
     heads = torch.from_numpy(np.load(checkpoint / "deepstack_heads.npy"))

@@ -11,7 +11,7 @@ ratio reaches min_ratio_to_activate, as many as round(aspect) but no crop narrow
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -21,13 +21,11 @@ from coverpruner.images import load_rgb
 
 @dataclass(frozen=True)
 class Gemma3ImageSettings:
-    """The processor settings the runtime needs (manifest ``processor``; HF's preprocessor config keys)."""
+    """The processor settings the runtime needs (manifest ``processor``; HF's preprocessor config keys): the
+    per-crop steps as CLIP's settings (a fixed square size, no center crop) and pan-and-scan's."""
 
-    size: int = 896
-    resample: int = 2  # PIL.Image.BILINEAR
-    rescale_factor: float = 1 / 255
-    image_mean: tuple = (0.5, 0.5, 0.5)
-    image_std: tuple = (0.5, 0.5, 0.5)
+    clip: ImageSettings = ImageSettings(shortest_edge=None, height=896, width=896, crop_height=896, crop_width=896,
+                                        resample=2, do_center_crop=False, image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
     do_pan_and_scan: bool = False
     pan_and_scan_min_crop_size: int = 256
     pan_and_scan_max_num_crops: int = 4
@@ -36,37 +34,28 @@ class Gemma3ImageSettings:
     @classmethod
     def from_dict(cls, d: dict) -> "Gemma3ImageSettings":
         """The manifest's ``processor`` block, or an HF Gemma3ImageProcessor config (its null pan-and-scan values
-        take Gemma3Processor's defaults, as the processor does). ValueError (one line) for a non-square size."""
-        kw = {}
-        size = d.get("size")
-        if isinstance(size, dict):
-            if size.get("height") != size.get("width"):
-                raise ValueError(f"Gemma 3 processor size {size} is not square")
-            kw["size"] = int(size["height"])
-        elif size is not None:
-            kw["size"] = int(size)
-        for key, cast in (("resample", int), ("rescale_factor", float), ("do_pan_and_scan", bool),
-                          ("pan_and_scan_min_crop_size", int), ("pan_and_scan_max_num_crops", int),
-                          ("pan_and_scan_min_ratio_to_activate", float)):
-            if d.get(key) is not None:
-                kw[key] = cast(d[key])
-        for key in ("image_mean", "image_std"):
-            if d.get(key) is not None:
-                v = d[key]
-                kw[key] = tuple(float(x) for x in (v if isinstance(v, (list, tuple)) else [v] * 3))
+        take Gemma3Processor's defaults, as the processor does; no mean / std: 0.5, its defaults). ValueError (one
+        line) for a size that is not a fixed square."""
+        base = ImageSettings.from_dict({"image_mean": [0.5] * 3, "image_std": [0.5] * 3, "resample": 2,
+                                        **{k: v for k, v in d.items() if v is not None}})
+        if base.shortest_edge is not None or base.height != base.width:
+            raise ValueError(f"Gemma 3 processor size {d.get('size')!r} is not a fixed square")
+        kw = {"clip": replace(base, do_center_crop=False, crop_height=base.height, crop_width=base.width)}
+        for f in fields(cls)[1:]:
+            if d.get(f.name) is not None:
+                kw[f.name] = type(getattr(cls, f.name))(d[f.name])
         return cls(**kw)
 
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["image_mean"], out["image_std"] = list(self.image_mean), list(self.image_std)
-        return out
-
     @property
-    def clip(self) -> ImageSettings:
-        """CLIP's steps with a fixed size and no center crop: exactly Gemma3ImageProcessorPil's per-image steps."""
-        return ImageSettings(shortest_edge=None, height=self.size, width=self.size, crop_height=self.size,
-                             crop_width=self.size, resample=self.resample, do_center_crop=False,
-                             rescale_factor=self.rescale_factor, image_mean=self.image_mean, image_std=self.image_std)
+    def size(self) -> int:
+        return self.clip.height
+
+    def to_dict(self) -> dict:
+        """The flat form stored in a manifest (round-trips through `from_dict`)."""
+        c = self.clip
+        return {"size": {"height": c.height, "width": c.width}, "resample": c.resample,
+                "rescale_factor": c.rescale_factor, "image_mean": list(c.image_mean), "image_std": list(c.image_std),
+                **{f.name: getattr(self, f.name) for f in fields(self)[1:]}}
 
 
 def pan_and_scan_boxes(width: int, height: int, s: Gemma3ImageSettings) -> list[tuple[int, int, int, int]]:
@@ -97,5 +86,5 @@ def preprocess(image, s: Gemma3ImageSettings, pan_and_scan: bool) -> tuple[np.nd
     height, width = rgb.shape[:2]
     boxes = pan_and_scan_boxes(width, height, s) if pan_and_scan else []
     parts = [rgb] + [np.ascontiguousarray(rgb[top:bottom, left:right]) for left, top, right, bottom in boxes]
-    pixels = np.concatenate([preprocess_image(part, s.clip) for part in parts])
+    pixels = np.concatenate([preprocess_image(part, s.clip) for part in parts])  # CLIP's steps: bit-equal to HF's
     return pixels, (width, height), boxes
