@@ -20,6 +20,7 @@ stdout.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -43,7 +44,7 @@ GROUPS = {"decoder": re.compile(r"^layers\.(\d+)\."),
 def initializer_bytes(path: Path) -> list[tuple[str, int, bool]]:
     """(name, bytes on Orin, quantized?) of every initializer of one graph: float tensors at 2 bytes per element,
     integer tensors (packed int4 blocks, shapes) as stored. An initializer torch.onnx.export named val_N (a transposed
-    Linear weight) is named by the module scope of the first node that reads it ("<scope> val_N")."""
+    Linear weight) is named by the module scopes of the first node that reads it ("<scopes> val_N")."""
     import onnx
     from onnx import TensorProto
 
@@ -52,13 +53,12 @@ def initializer_bytes(path: Path) -> list[tuple[str, int, bool]]:
     scope = {}
     for node in graph.node:
         scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
-        deepest = re.findall(r"'([^']+)'", scopes)[-1:] or [""]
-        for name in node.input:
-            scope.setdefault(name, deepest[0])
+        for name in node.input:  # the module path of the node, outermost first (its last entry is the op)
+            scope.setdefault(name, " ".join(ast.literal_eval(scopes)) if scopes else "")
     out = []
     for t in graph.initializer:
         count = int(np.prod(t.dims)) if len(t.dims) else 1
-        name = t.name if not re.match(r"^val_\d+$", t.name) else f"{scope.get(t.name, '')}. {t.name}"
+        name = t.name if not re.match(r"^val_\d+$", t.name) else f"{scope.get(t.name, '')} {t.name}"
         if t.data_type in floats:
             out.append((name, 2 * count, False))
         else:
