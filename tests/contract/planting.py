@@ -64,3 +64,11 @@ def llava_request(checkpoint: Path, image, prompt: str):
         embeds = model.get_input_embeddings()(ids[None]).clone()
     embeds[0, vpos] = feats
     return model, ids, vpos, instr, feats, embeds
+
+
+def noise_image():
+    """The planted tests' image: 240 x 180 uniform noise (distinct visual tokens: no near-ties in the selection)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(3).integers(0, 256, (180, 240, 3), dtype=np.uint8))

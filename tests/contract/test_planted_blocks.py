@@ -85,10 +85,9 @@ def reference(checkpoint, image, blocks_on: bool = True):
 
 @pytest.fixture(scope="module")
 def image():
-    from PIL import Image
+    from tests.contract.planting import noise_image
 
-    rng = np.random.default_rng(3)
-    return Image.fromarray(rng.integers(0, 256, (180, 240, 3), dtype=np.uint8))
+    return noise_image()
 
 
 @pytest.fixture(scope="module")
