@@ -96,3 +96,24 @@ def test_prefix_cache_restores_whole_blocks(gemma3_ort_export):
     assert first.kept_indices[0] == second.kept_indices[0] and first.kept_indices[1] != second.kept_indices[1]
     assert second.cached_tokens == before > 0 and second.token_ids == want[0]
     assert third.cached_tokens >= before + 16 + 2 and third.token_ids == want[1]  # the block and its end marker
+
+
+@pytest.mark.parametrize("dtype,form", [("int8", "qdq"), ("int4", "ort")])
+def test_quantized_dirs_answer(gemma3_export, gemma3_ort_export, tmp_path, dtype, form):
+    """Weight-only int8 (QDQ, the TensorRT form of the standard decoder) and int4 (MatMulNBits, the ORT form with its
+    block masks) run the pan-and-scan request: int8 keeps every fp32 token on this checkpoint, int4 the first (its
+    4-bit rounding moves later logits at these 64-wide layers: docs/quantization.md)."""
+    import shutil
+
+    from coverpruner.export.quant import QuantOptions, quantize_engine_dir
+    from coverpruner.runtime import Pipeline
+
+    source = gemma3_export if form == "qdq" else gemma3_ort_export
+    work = shutil.copytree(source, tmp_path / "dir")
+    quantize_engine_dir(work, QuantOptions(dtype=dtype, form=form))
+    kw = dict(image=wide_image(0, (300, 800)), prompt="What is shown in this image?", budget=64, pan_and_scan=True,
+              max_new_tokens=NEW)
+    want = Pipeline.load(source, provider="cpu", threads=1).generate(**kw).token_ids
+    got = Pipeline.load(work, provider="cpu", threads=1).generate(**kw)
+    assert got.token_ids[:1] == want[:1] and (dtype == "int4" or got.token_ids == want)
+    assert Pipeline.load(work).manifest.raw["quantization"]["bits"] == int(dtype[3:])
