@@ -28,10 +28,9 @@ def check_trt_profiles(section: dict, manifest: dict) -> None:
 # token_type_ids (HF's block mask of the kept soft tokens) at compact positions.
 NEW = 8
 PROMPTS = {"plain": "What is shown in this image?", "pan-and-scan": "How many red houses are near the tall tree?"}
-# the pipeline runs on pan-and-scan (4 blocks, one budget over 576 candidates, a 626-token native prompt: far past
-# the window); the one-crop image runs in the conversation tests (single image, two turns, three images) and in the
-# graph cases below (probe-plain, native-window)
-PIPELINE_CASES = ["pan-and-scan"]
+# one crop (a 163-token native prompt: past the 160-row window) and pan-and-scan (4 blocks, one budget over 576
+# candidates, a 626-token native prompt)
+PIPELINE_CASES = ["plain", "pan-and-scan"]
 
 
 def pipeline_case(family, request, case_id: str):
