@@ -19,7 +19,7 @@ from pathlib import Path
 
 from coverpruner.testing.common import default_dtype, round_up
 from coverpruner.testing.presets import PRESETS, presets_of
-from coverpruner.testing.tokenizer import corpus
+from coverpruner.testing.tokenizer import JSON_ADDED, corpus
 
 GEMMA3_PRESETS = presets_of("gemma3")
 
@@ -77,7 +77,8 @@ GEMMA3_CHAT_TEMPLATE = (
 def train_gemma_tokenizer(vocab_size: int = 1000, seed: int = 0):
     """A `tokenizers.Tokenizer` shaped like Gemma's: specials (ids 0..8), the 256 byte pieces <0x00>..<0xFF>, the BPE
     pieces trained on the test corpus (plus Gemma's chat pieces; merges never cross a word start "▁", as
-    SentencePiece's), then <image_soft_token>. byte_fallback: any text can be spelled."""
+    SentencePiece's), JSON's punctuation the corpus lacks (structured output needs '"', '}', ... as tokens), then
+    <image_soft_token>. byte_fallback: any text can be spelled."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers
 
@@ -96,6 +97,8 @@ def train_gemma_tokenizer(vocab_size: int = 1000, seed: int = 0):
     for b in range(256):
         vocab[f"<0x{b:02X}>"] = len(vocab)
     for piece, _ in sorted(trained.items(), key=lambda kv: kv[1]):
+        vocab.setdefault(piece, len(vocab))
+    for piece in JSON_ADDED:  # JSON's punctuation as pieces of their own, as Gemma's vocabulary has them
         vocab.setdefault(piece, len(vocab))
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in _merges(trainer_tok)]
     vocab[IMAGE_SOFT_TOKEN] = len(vocab)
