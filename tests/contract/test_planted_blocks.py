@@ -125,3 +125,81 @@ def test_blocks_change_the_logits(planted, image, want):
     float32 rounding the token comparison above could hide behind (~1e-6)."""
     _, keep, _, plain = reference(planted[0], image, blocks_on=False)
     assert keep.tolist() == want[1].tolist() and np.abs(plain - want[3]).max() > 1e-2
+
+
+def _ranges(planted, image, keep) -> list[tuple[int, int]]:
+    """The planted rule's ranges [lo, hi) of pruned rows that one decoder call must hold, from the HF processor's
+    ids and the reference's kept indices: the image's kept rows follow the text before it, in index order; indices
+    < n/2 are block 0, the rest block 1 (planted_blocks/runtime.py); a block of one kept row needs no range."""
+    import transformers
+
+    from tests.families.llava import hf_reference as ref
+
+    processor = transformers.AutoProcessor.from_pretrained(str(planted[0]))
+    ids = ref.hf_inputs(processor, image, PROMPT)[0]["input_ids"][0].numpy()
+    vpos = np.flatnonzero(ids == processor.tokenizer.convert_tokens_to_ids(processor.image_token))
+    a, half = int(vpos[0]), len(vpos) // 2
+    first = int((np.asarray(keep) < half).sum())
+    return [(lo, hi) for lo, hi in ((a, a + first), (a + first, a + len(keep))) if hi - lo > 1]
+
+
+def _held_whole(calls, ranges) -> None:
+    """calls: (start, stop) of one request's decoder calls in order -> every range inside one call."""
+    for lo, hi in ranges:
+        assert any(start <= lo and hi <= stop for start, stop in calls), (lo, hi, calls)
+
+
+def test_chunks_and_staging_calls_end_at_block_edges(planted, image, want, monkeypatch):
+    """The engine's cuts follow the declaration, never the family: with a 6-token step budget (the planted blocks
+    hold ~16 kept rows each) a second request's prefill chunks beside the first one's decodes end at block edges
+    (each chunk's rows but its last in one call, its last row alone in the decode call, never a block's row), a
+    block runs whole over the budget; the admission worker's staging calls (cut to 6 rows here) hold each block
+    whole too. Every answer equals the torch reference."""
+    import coverpruner.runtime.engine as engine_mod
+    from coverpruner.runtime import Pipeline
+    from coverpruner.runtime.slots import BatchSlots
+
+    tokens, keep, length, _ = want
+    ranges = _ranges(planted, image, keep)
+    assert ranges and all(hi - lo > 6 for lo, hi in ranges)  # the budget below would cut every block
+    pipe = Pipeline.load(planted[1]["ort"], provider="cpu", threads=1)
+    kw = dict(budget=BUDGET, method="coverpruner", max_new_tokens=NEW)
+
+    engine = pipe.engine(max_batch=2, capacity=256, max_step_tokens=6)
+    first = engine.submit(pipe.request(image, PROMPT, **kw))
+    results, calls, beside, second = {}, [], False, None
+    while engine.pending:
+        for event in engine.step():
+            assert event.error is None
+            if event.result is not None:
+                results[event.request_id] = event.result
+            elif second is None and event.request_id == first:  # its first token: the next prefill runs beside
+                second = engine.submit(pipe.request(image, PROMPT, **kw))
+        for chunk in engine.last_plan.prefills:
+            if chunk.rid == second:
+                calls += [(chunk.start, chunk.stop - 1), (chunk.stop - 1, chunk.stop)]
+                beside |= bool(engine.last_plan.decodes)
+    assert beside and calls[-1][1] == length
+    _held_whole(calls, ranges)
+    assert any(stop - start > 6 for start, stop in calls)  # a block ran whole, over the step's budget
+    assert [results[first].token_ids, results[second].token_ids] == [tokens, tokens]
+
+    staged = []
+    monkeypatch.setattr(engine_mod, "STAGE_ROWS", 6)
+    stage_rows = BatchSlots.stage_rows
+    monkeypatch.setattr(BatchSlots, "stage_rows", lambda self, rows: (staged.append(len(rows.embeds)),
+                                                                      stage_rows(self, rows))[1])
+    engine = pipe.engine(max_batch=2, capacity=256, threaded=True)
+    try:
+        rid = engine.submit(pipe.request(image, PROMPT, **kw))
+        got = None
+        while engine.pending:
+            for event in engine.step(wait=0.05):
+                assert event.error is None
+                got = event.result if event.request_id == rid and event.result is not None else got
+    finally:
+        engine.close()
+    ends = np.cumsum([0, *staged])
+    assert ends[-1] == length - 1 and len(staged) > 2  # rows but the last, in several staging calls
+    _held_whole(list(zip(ends[:-1].tolist(), ends[1:].tolist())), ranges)
+    assert got.token_ids == tokens

@@ -40,3 +40,13 @@ def wide_image(seed: int = 0, size=(300, 800)):
     from tests.families.qwen_common import sample_image
 
     return sample_image(seed, size)
+
+
+def noise_image(seed: int = 0, size=(300, 800)):
+    """Uniform RGB noise (H, W) = size: distinct soft tokens in every crop (a smooth image's flat crops pool to
+    near-duplicate soft tokens whose selection gains tie below float32's resolution, so float32 and a float64
+    reference may keep different ones of a tie)."""
+    import numpy as np
+    from PIL import Image
+
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (*size, 3), dtype=np.uint8))

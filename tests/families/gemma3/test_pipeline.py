@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.families.gemma3 import hf_reference as ref
-from tests.families.gemma3.fixtures import wide_image
+from tests.families.gemma3.fixtures import noise_image, wide_image
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch", reason="the reference runs the PyTorch model")
@@ -56,13 +56,14 @@ def test_three_turns_two_images_past_the_window_equal_the_reference(gemma3_expor
 
 
 #: requests with blocks: a pan-and-scan image at budget 64 (four blocks of a few rows), a one-crop image at 16, a
-#: pan-and-scan image in full (four blocks of 144 rows, a prompt of ~600 rows) and DivPrune
-BLOCK_REQUESTS = [dict(image=wide_image(0, (300, 800)), prompt="What is shown in this image?", budget=64,
+#: pan-and-scan image in full (four blocks of 144 rows, a prompt of ~600 rows) and DivPrune (pruned pan-and-scan on
+#: noise: no near-tied gains, so the kept indices equal the float64 reference's)
+BLOCK_REQUESTS = [dict(image=noise_image(0, (300, 800)), prompt="What is shown in this image?", budget=64,
                        pan_and_scan=True),
                   dict(image=wide_image(1, (240, 200)), prompt="Describe it.", budget=16),
                   dict(image=wide_image(2, (300, 800)), prompt="Which colour is it?", budget="full",
                        pan_and_scan=True),
-                  dict(image=wide_image(5, (300, 800)), prompt="Name it.", budget=16, method="divprune",
+                  dict(image=noise_image(5, (300, 800)), prompt="Name it.", budget=16, method="divprune",
                        pan_and_scan=True)]
 
 
@@ -75,6 +76,14 @@ def block_answers(gemma3_ort_export):
     return [pipe.generate(max_new_tokens=NEW, **kw) for kw in BLOCK_REQUESTS]
 
 
+@pytest.fixture(scope="module")
+def block_references(gemma3_hf):
+    """BLOCK_REQUESTS answered by the independent HF reference (hf_reference.py: its own masks, selector, gather)."""
+    processor, model = gemma3_hf
+    return [ref.one_image(model, processor, kw["image"], kw["prompt"], kw["budget"], kw.get("method", "coverpruner"),
+                          NEW, kw.get("pan_and_scan", False)) for kw in BLOCK_REQUESTS]
+
+
 def _whole_in_one_call(calls: list) -> None:
     """calls: the block ids int64 [S] of one request's rows per decoder call -> every block's rows in one call."""
     seen = {}
@@ -83,10 +92,12 @@ def _whole_in_one_call(calls: list) -> None:
             assert seen.setdefault(b, k) == k, f"block {b} split between decoder calls {seen[b]} and {k}"
 
 
-def test_chunked_prefill_keeps_blocks_whole_and_answers_as_alone(gemma3_ort_export, block_answers):
-    """Batched with chunked prefill (a 16-token step budget, which would cut every block of more than 16 rows; the
-    engine loop without an admission thread): each answer is its batch-1 answer, and no block's rows are ever split
-    between two decoder calls (a chunk's rows but its last in one call, its last row in the decode call)."""
+def test_chunked_prefill_keeps_blocks_whole_and_answers_as_alone(gemma3_ort_export, block_answers,
+                                                                  block_references):
+    """Batched with chunked prefill beside running decodes (a 16-token step budget, which would cut every block of
+    more than 16 rows; the engine loop without an admission thread): each answer is its batch-1 answer and
+    transformers' (the independent reference), and no block's rows are ever split between two decoder calls (a
+    chunk's rows but its last in one call, its last row in the decode call)."""
     from coverpruner.engine_dir import ATTENTION_BLOCKS
     from coverpruner.runtime import Pipeline
     from coverpruner.runtime.batching import BatchGenerator
@@ -96,7 +107,7 @@ def test_chunked_prefill_keeps_blocks_whole_and_answers_as_alone(gemma3_ort_expo
     prepared, enter = {}, engine._enter
     engine._enter = lambda job: (prepared.__setitem__(job.rid, job.prepared), enter(job))[1]
     ids = [engine.submit(pipe.request(max_new_tokens=NEW, **kw)) for kw in BLOCK_REQUESTS]
-    results, calls, over = {}, {rid: [] for rid in ids}, 0
+    results, calls, over, beside = {}, {rid: [] for rid in ids}, 0, 0
     while engine.pending:
         for event in engine.step():
             assert event.error is None
@@ -106,12 +117,14 @@ def test_chunked_prefill_keeps_blocks_whole_and_answers_as_alone(gemma3_ort_expo
             blocks = prepared[chunk.rid].extras(chunk.start, chunk.stop)[ATTENTION_BLOCKS]
             calls[chunk.rid] += [blocks[:-1], blocks[-1:]]
             over += chunk.rows > 16
+            beside += bool(engine.last_plan.decodes)
     for rid in ids:
         _whole_in_one_call(calls[rid])
-    assert over  # a block longer than the budget ran whole
+    assert over and beside  # a block longer than the budget ran whole; chunks ran beside decodes
     got = [results[rid] for rid in ids]
-    assert [r.token_ids for r in got] == [r.token_ids for r in block_answers]
-    assert [r.kept_indices.tolist() for r in got] == [r.kept_indices.tolist() for r in block_answers]
+    assert [r.token_ids for r in got] == [r.token_ids for r in block_answers] == [a.tokens for a in block_references]
+    assert ([r.kept_indices.tolist() for r in got] == [r.kept_indices.tolist() for r in block_answers]
+            == [a.keep[0].tolist() for a in block_references])
     assert block_answers[0].num_visual_tokens == 576
 
 
