@@ -6,7 +6,9 @@ outside its package (tests/contract/planted_blocks/, copied to tmp_path).
 The reference is written here on the HF LLaVA model with masks built here from the rule, one pair at a time: key k is
 seen by row q when k > q - WINDOW and (k <= q or both are rows of one block). HF image features, HF eager layer-0
 attention under that mask (instruction rows x image columns), the literal float64 selector, its own pruned rows and
-compact positions, HF's layers prefilled with the pruned rows' mask and decoded with the window.
+compact positions, HF's layers prefilled with the pruned rows' mask and decoded with the window. The engine loop's
+cuts (prefill chunks under a step budget, the admission worker's staging calls) move to the blocks' edges from the
+declaration alone, with the same tokens.
 """
 
 from __future__ import annotations
