@@ -58,3 +58,21 @@ def test_prefix_match_is_cut_back_to_a_cut_that_splits_no_range():
         found = cache.match(BlockChain(ident), 63, whole)
         assert len(found) * BLOCK_ROWS == rows, whole
         cache.release(found)
+
+
+def test_a_prompt_ending_inside_a_block_is_refused_in_one_line():
+    """The last prompt row's logits come from a call of its own (the decode call): it cannot be a range's row."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from coverpruner.engine_dir import ATTENTION_BLOCKS
+    from coverpruner.runtime.errors import PromptError
+    from coverpruner.runtime.inputs import InputProcessor
+
+    native = SimpleNamespace(extras={ATTENTION_BLOCKS: np.array([-1, 0, 0, -1, 1, 1])})
+    assert InputProcessor.whole_ranges(None, native, np.arange(4)) == ((1, 3),)  # uses no state of the processor
+    assert InputProcessor.whole_ranges(None, native, np.array([0, 1, 3, 5])) == ()  # one kept row a block: causal
+    with pytest.raises(PromptError, match=r"^the prompt ends inside an image block \(its rows 3\.\.4 .*text") as err:
+        InputProcessor.whole_ranges(None, native, np.array([0, 1, 2, 4, 5]))
+    assert "\n" not in str(err.value)
