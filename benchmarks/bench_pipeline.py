@@ -4,7 +4,9 @@ Presets: llava-1.5-7b (576 visual tokens; budgets full/128/64/32; checks at 64) 
 image: 2x2 grid + base = 2,880 candidates + 48 newline rows; budgets full/640/320/160; checks at 320) and
 qwen2.5-vl-7b (1008x1008 image = 1,296 visual tokens; budgets full/512/256/128, checks at 128, 28 real layers;
 4 vision blocks) and qwen3-vl-8b (1024x1024 = 1,024 visual tokens, DeepStack features gathered with the kept rows;
-budgets full/512/256/128, checks at 128, 36 real layers; 4 vision blocks).
+budgets full/512/256/128, checks at 128, 36 real layers; 4 vision blocks) and gemma-3-4b (two 896x896 images in one
+turn = 2 x 256 soft tokens, budgets per image full/128/64/32, checks at 64 each; 2 layers: 1 sliding + 1 full, 34
+real layers; 4 vision blocks; the image-block masks and the window in both decoder forms).
 For each budget (round-robin) the real ``Pipeline.generate`` runs ``--repeats`` times (after warm-up) with a
 fixed answer length (``ignore_eos``); the medians of its stage timings are reported: vision, embed, probe,
 select, prefill and per-token decode. Checks, all from the same run, at the preset's check budget m:
@@ -21,6 +23,7 @@ of the paper's overhead table: similarity (cosine, centre, clip; float64) once a
     python benchmarks/bench_pipeline.py --quick                  # 1 repeat
     python benchmarks/bench_pipeline.py --preset qwen2.5-vl-7b --repeats 3   # ~3 GB checkpoint, ~8 GB
     python benchmarks/bench_pipeline.py --preset qwen3-vl-8b --repeats 3     # ~3 GB checkpoint, ~9 GB
+    python benchmarks/bench_pipeline.py --preset gemma-3-4b --repeats 3      # ~1.5 GB checkpoint, ~8 GB
 
 The checkpoint (coverpruner-make-checkpoint --preset <preset> --layers 2) and its fp32 engine dir are
 built under --workdir on first use and reused. Writes benchmarks/results/pipeline_<tag>.json and .png.
@@ -53,6 +56,10 @@ PRESETS = {
     # a square 1024 px image: smart resize keeps it (32 px per visual token) -> 32 x 32 = 1,024 visual tokens
     "qwen3-vl-8b": {"budgets": ("full", 512, 256, 128), "check": 128, "real_layers": 36, "options": {},
                     "side": 1024},
+    # two 896 px images in one user turn: 2 x 256 soft tokens, the budget per image (check: 64 each = 128 kept);
+    # layer 0 sliding (window 1024 > the prompt), layer 1 full
+    "gemma-3-4b": {"budgets": ("full", 128, 64, 32), "check": 64, "real_layers": 34, "options": {}, "side": 896,
+                   "images": 2},
 }
 
 
@@ -79,7 +86,16 @@ def prepare(workdir: Path, layers: int, dtype: str, preset: str = "llava-1.5-7b"
     return engine
 
 
-def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets, options=None):
+def ask(pipe, images: list, prompt: str, **kw):
+    """One request: generate for one image, else chat with one user turn holding the images, then the prompt (the
+    budget is per image)."""
+    if len(images) == 1:
+        return pipe.generate(images[0], prompt, **kw)
+    turn = [{"type": "image", "image": image} for image in images] + [{"type": "text", "text": prompt}]
+    return pipe.chat([{"role": "user", "content": turn}], **kw)
+
+
+def run_budgets(pipe, images, prompt, method, new_tokens, repeats, budgets, options=None):
     """Round-robin over budgets ``repeats`` times (a slow spell on a shared machine hits every budget alike).
 
     Returns {budget: {"timings": medians (+ decode_per_token), prefill/prompt tokens, kept, runs}}.
@@ -87,14 +103,15 @@ def run_budgets(pipe, image, prompt, method, new_tokens, repeats, budgets, optio
     runs = {str(b): [] for b in budgets}
     for _ in range(repeats):
         for b in budgets:
-            runs[str(b)].append(pipe.generate(image, prompt, budget=b, method=method, max_new_tokens=new_tokens,
-                                              ignore_eos=True, **(options or {})))
+            runs[str(b)].append(ask(pipe, images, prompt, budget=b, method=method, max_new_tokens=new_tokens,
+                                    ignore_eos=True, **(options or {})))
     rows = {}
     for b, rs in runs.items():
         med = {k: statistics.median(r.timings[k] for r in rs) for k in rs[0].timings}
         med["decode_per_token"] = statistics.median(r.timings["decode"] / max(len(r.token_ids) - 1, 1) for r in rs)
         rows[b] = {"timings": med, "prefill_tokens": rs[-1].prefill_tokens, "prompt_tokens": rs[-1].prompt_tokens,
-                   "kept": int(len(rs[-1].kept_indices)), "num_visual_tokens": rs[-1].num_visual_tokens,
+                   "kept": sum(len(i.kept_indices) for i in rs[-1].images),
+                   "num_visual_tokens": sum(i.num_visual_tokens for i in rs[-1].images),
                    "runs": [r.timings for r in rs]}
     return rows
 
@@ -343,10 +360,11 @@ def main(argv=None) -> int:
     if preset["side"]:  # LLaVA-NeXT: a square 672 px image fills the 2x2 grid, nothing is unpadded; Qwen3-VL 1024 px
         image = image.resize((preset["side"], preset["side"]), Image.BICUBIC)
     prompt = "What is the color of the house next to the tree, and is there a stop sign in the picture?"
+    images = [image] * preset.get("images", 1)
     for b in ("full", preset["check"]):  # warm-up: ORT arenas, first-run kernel selection
-        pipe.generate(image, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True,
-                      **preset["options"])
-    rows = run_budgets(pipe, image, prompt, args.method, args.new_tokens, repeats, preset["budgets"],
+        ask(pipe, images, prompt, budget=b, method=args.method, max_new_tokens=args.new_tokens, ignore_eos=True,
+            **preset["options"])
+    rows = run_budgets(pipe, images, prompt, args.method, args.new_tokens, repeats, preset["budgets"],
                        preset["options"])
     n = rows["full"]["num_visual_tokens"]  # per request (dynamic-resolution families)
     print(f"engine {engine.name}: n={n}, layers={args.layers}, provider={args.provider}, threads={args.threads}",

@@ -20,6 +20,7 @@ stdout.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -33,25 +34,36 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_quant import CONTEXT, DEVICES, RESERVE_GB, device_fits  # noqa: E402
 
-GROUPS = {"decoder": re.compile(r"^layers\.(\d+)\."), "vision_block": re.compile(r"^visual\.blocks\.(\d+)\."),
+#: names of the per-layer / per-block initializers: our ORT-form decoder's, Qwen's vision blocks and DeepStack mergers,
+#: and transformers' encoder layers (SigLIP, CLIP) under the module scope torch.onnx.export records on each node
+GROUPS = {"decoder": re.compile(r"^layers\.(\d+)\."),
+          "vision_block": re.compile(r"(?:^visual\.blocks|vision_tower\.encoder\.layers)\.(\d+)\."),
           "deepstack_merger": re.compile(r"^visual\.deepstack_merger_list\.(\d+)\.")}
 
 
 def initializer_bytes(path: Path) -> list[tuple[str, int, bool]]:
     """(name, bytes on Orin, quantized?) of every initializer of one graph: float tensors at 2 bytes per element,
-    integer tensors (packed int4 blocks, shapes) as stored."""
+    integer tensors (packed int4 blocks, shapes) as stored. An initializer torch.onnx.export named val_N (a transposed
+    Linear weight) is named by the module scopes of the first node that reads it ("<scopes> val_N")."""
     import onnx
     from onnx import TensorProto
 
     floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+    graph = onnx.load(str(path), load_external_data=False).graph
+    scope = {}
+    for node in graph.node:
+        scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), "")
+        for name in node.input:  # the module path of the node, outermost first (its last entry is the op)
+            scope.setdefault(name, " ".join(ast.literal_eval(scopes)) if scopes else "")
     out = []
-    for t in onnx.load(str(path), load_external_data=False).graph.initializer:
+    for t in graph.initializer:
         count = int(np.prod(t.dims)) if len(t.dims) else 1
+        name = t.name if not re.match(r"^val_\d+$", t.name) else f"{scope.get(t.name, '')} {t.name}"
         if t.data_type in floats:
-            out.append((t.name, 2 * count, False))
+            out.append((name, 2 * count, False))
         else:
             stored = next((int(e.value) for e in t.external_data if e.key == "length"), None)
-            out.append((t.name, stored if stored is not None else len(t.raw_data) or count * 8, True))
+            out.append((name, stored if stored is not None else len(t.raw_data) or count * 8, True))
     return out
 
 
@@ -59,7 +71,7 @@ def grouped(rows: list[tuple[str, int, bool]], pattern) -> tuple[dict[int, int],
     """({index: bytes} of the names `pattern` numbers, bytes of the others)."""
     per, rest = {}, 0
     for name, nbytes, _ in rows:
-        m = pattern.match(name)
+        m = pattern.search(name)
         if m:
             per[int(m.group(1))] = per.get(int(m.group(1)), 0) + nbytes
         else:
@@ -73,7 +85,8 @@ def project(engine: Path, preset: str) -> dict:
 
     p = PRESETS[preset]
     manifest = json.loads((engine / "manifest.json").read_text())
-    real = {"layers": p.text["num_hidden_layers"], "vision_blocks": p.vision["depth"],
+    real = {"layers": p.text["num_hidden_layers"], "vision_blocks": p.vision.get("depth",
+                                                                                p.vision.get("num_hidden_layers")),
             "deepstack_mergers": len(p.vision.get("deepstack_visual_indexes", ()))}
     parts = {}
     dec = initializer_bytes(engine / "decoder.onnx")
@@ -101,9 +114,16 @@ def project(engine: Path, preset: str) -> dict:
     weights = sum(v["gb"] for v in parts.values()) * 1e9
     total = weights + kv_per_token * CONTEXT
     devices = device_fits(weights, kv_per_token)
-    return {"preset": preset, "engine": str(engine), "engine_precision": manifest.get("quantization"),
-            "real_depth": real, "parts": parts, "weights_gb": weights / 1e9, "kv_per_token_mb": kv_per_token / 1e6,
-            "kv_4k_gb": kv_per_token * CONTEXT / 1e9, "total_4k_gb": total / 1e9, "devices": devices}
+    out = {"preset": preset, "engine": str(engine), "engine_precision": manifest.get("quantization"),
+           "real_depth": real, "parts": parts, "weights_gb": weights / 1e9, "kv_per_token_mb": kv_per_token / 1e6,
+           "kv_4k_gb": kv_per_token * CONTEXT / 1e9, "total_4k_gb": total / 1e9, "devices": devices}
+    if "layer_pattern" in t:  # sliding-window layers: what a cache bounded by the window would hold at 4k
+        pattern = t["layer_pattern"]
+        sliding = sum(pattern[i % len(pattern)] == "sliding_attention" for i in range(real["layers"]))
+        rows = sliding * min(t["sliding_window"], CONTEXT) + (real["layers"] - sliding) * CONTEXT
+        out["kv_4k_window_bounded_gb"] = rows * 2 * t["num_key_value_heads"] * t["head_dim"] * 2 / 1e9
+        out["sliding_layers"] = sliding
+    return out
 
 
 def markdown(rows: list[dict]) -> str:

@@ -58,6 +58,23 @@ DECODER_INPUTS = ("inputs_embeds", "attention_mask", "position_ids")
 #: present; rotary rows computed on the host from the graph entry's "rotary" record): docs/engine-dir.md.
 ORT_DECODER_INPUTS = ("inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin",
                       "rotary_row")
+#: contract v5 (graphs.decoder.attention "blocks"): the standard-form decoder's last input, int64 [B, S], the block
+#: of each new row (-1: text); rows of one block attend to each other both ways in prefill
+ATTENTION_BLOCKS = "attention_blocks"
+#: contract v5, ORT form with blocks: per distinct window the additive mask of its layers, float [B, 1, S, T]
+#: (0: attend, the float type's lowest: masked); "attention_bias" for full layers, "attention_bias.<W>" for window W
+ATTENTION_BIAS = "attention_bias"
+
+
+def attention_bias_name(window: int | None) -> str:
+    """The ORT-form decoder input holding the mask of the layers with sliding window ``window`` (None: full)."""
+    return ATTENTION_BIAS if window is None else f"{ATTENTION_BIAS}.{int(window)}"
+
+
+def rotary_names(table: int) -> tuple[str, str]:
+    """The ORT-form decoder's (cos, sin) inputs of rotary table ``table`` (0: rotary_cos / rotary_sin; k > 0: a
+    second base, e.g. Gemma 3's local layers: rotary_cos.k / rotary_sin.k; graphs.decoder.rotary "tables")."""
+    return ("rotary_cos", "rotary_sin") if table == 0 else (f"rotary_cos.{table}", f"rotary_sin.{table}")
 LOGITS = "logits"
 #: graphs.decoder.form: "standard" (standard ONNX ops, growing KV; TensorRT and every ORT provider) or "ort"
 #: (ONNX Runtime contrib ops: GroupQueryAttention, SkipSimplifiedLayerNormalization; in-place KV; ORT CPU).
@@ -92,6 +109,45 @@ def present_names(num_layers: int) -> list[str]:
 def extras_record(extras) -> list[dict]:
     """graphs.decoder.extras for contract.DecoderExtra items: [{"name", "after_layer"}]."""
     return [{"name": e.name, "after_layer": int(e.after_layer)} for e in extras]
+
+
+def attention_record(attention) -> dict:
+    """graphs.decoder.attention for a contract.AttentionSpec: {"windows": [W or None per layer], "blocks": bool}."""
+    return {"windows": [None if w is None else int(w) for w in attention.windows], "blocks": bool(attention.blocks)}
+
+
+@dataclass(frozen=True)
+class Attention:
+    """graphs.decoder.attention (contract v5): per layer its sliding window or None (() = every layer full), and
+    whether prefill blocks attend both ways. Attention() is plain causal attention (a dir without the record)."""
+
+    windows: tuple = ()
+    blocks: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return not self.blocks and all(w is None for w in self.windows)
+
+    @property
+    def distinct_windows(self) -> tuple:
+        """The different windows of the layers (None for full layers), in first-layer order."""
+        return tuple(dict.fromkeys(self.windows or (None,)))
+
+
+def _attention(root: Path, gname: str, raw) -> Attention:
+    """graphs.<gname>.attention validated -> Attention."""
+    if raw is None:
+        return Attention()
+    where = f"graphs.{gname}.attention"
+    if not isinstance(raw, dict):
+        raise _fail(root, f"field {where} must be an object, got {type(raw).__name__}")
+    windows, blocks = raw.get("windows", []), raw.get("blocks", False)
+    if not isinstance(windows, list) or any(w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1)
+                                            for w in windows):
+        raise _fail(root, f"field {where}.windows is {windows!r}, expected a list of positive integers or null")
+    if not isinstance(blocks, bool):
+        raise _fail(root, f"field {where}.blocks is {blocks!r}, expected true or false")
+    return Attention(tuple(windows), blocks)
 
 
 def _extras(root: Path, gname: str, raw, inputs: tuple) -> tuple[tuple[str, int], ...]:
@@ -152,6 +208,8 @@ class GraphSpec:
     rotary: dict | None = None
     #: decoder: the extra per-row inputs (contract v4) as (input name, after_layer), in graph-input order
     extras: tuple[tuple[str, int], ...] = ()
+    #: decoder: its sliding windows and prefill blocks (contract v5; plain causal without the record)
+    attention: Attention = Attention()
 
     @property
     def extra_names(self) -> tuple[str, ...]:
@@ -332,6 +390,7 @@ def parse_manifest(root: Path, raw: dict) -> Manifest:
             data_files=tuple(root / f for f in g.get("data_files", [])),
             data_sha256=dict(g.get("data_sha256", {})), form=form, rotary=rotary,
             extras=_extras(root, name, g.get("extras"), inputs),
+            attention=_attention(root, name, g.get("attention")),
         )
     files = {}
     for key, rec in raw.get("files", {}).items():

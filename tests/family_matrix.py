@@ -77,7 +77,8 @@ class DecoderCase:
     feeding `token`; step_inputs(step, token) -> (inputs_embeds [1,1,d], position_ids feed) of decode step
     `step` >= 1; check_present(present) the family's checks of the prefill's present.* (list, 2 per layer);
     extras: the decoder extras of a contract-v4 decoder ({input name: float32 [B,L,d]}), fed at prefill and as zeros
-    [B,1,d] at decode steps (as the runtime feeds them).
+    [B,1,d] at decode steps (as the runtime feeds them). blocks: a contract-v5 decoder's attention_blocks int64 [B,L]
+    (each prefill row's block, -1 for text), fed at prefill, -1 at decode steps.
     Generic checks: logits [B,1,V] within atol of HF's at every step, same greedy token, present length = the
     sequence so far, at least `min_distinct_tokens` different tokens (a constant answer would make it weak)."""
 
@@ -91,6 +92,7 @@ class DecoderCase:
     min_distinct_tokens: int = 1
     check_present: object = None
     extras: dict | None = None
+    blocks: object = None
 
 
 def compact_decoder_case(hf_model, embeds, steps: int, min_distinct_tokens: int = 2) -> DecoderCase:

@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from coverpruner.engine_dir import ATTENTION_BLOCKS
+
 
 @runtime_checkable
 class GraphSession(Protocol):
@@ -99,8 +101,9 @@ def extra_inputs(input_names, fixed) -> tuple[str, ...]:
 
 def extra_feeds(names, extras: dict | None, like: np.ndarray) -> dict[str, np.ndarray]:
     """{name: float [B, S, d]} for every extra input: the given array (cast to ``like``'s dtype, C-contiguous) or
-    zeros shaped like ``like`` (inputs_embeds) where none is given. ValueError (one line) for a name the graph
-    does not take or a shape that is not inputs_embeds'."""
+    zeros shaped like ``like`` (inputs_embeds) where none is given; the standard form's attention_blocks (contract
+    v5) int64 [B, S], -1 (text rows) where not given. ValueError (one line) for a name the graph does not take or a
+    shape that is not inputs_embeds'."""
     extras = extras or {}
     unknown = sorted(set(extras) - set(names))
     if unknown:
@@ -108,6 +111,12 @@ def extra_feeds(names, extras: dict | None, like: np.ndarray) -> dict[str, np.nd
     out = {}
     for name in names:
         given = extras.get(name)
+        if name == ATTENTION_BLOCKS:
+            blocks = np.full(like.shape[:2], -1, np.int64) if given is None else np.asarray(given, np.int64)
+            if blocks.shape != like.shape[:2]:
+                raise ValueError(f"{name} is {list(blocks.shape)}; the rows are {list(like.shape[:2])}")
+            out[name] = np.ascontiguousarray(blocks)
+            continue
         if given is None:
             out[name] = np.zeros(like.shape, like.dtype)
             continue

@@ -6,7 +6,9 @@ and LANES cos / sin tables of R = max(C, B) rows [R, hd/2]: a call's rows are wr
 b*S + s for entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length
 rows, and a call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each). Each
 thread that runs calls has a lane (a table) of its own: the engine loop's decode steps (lane 0) and the admission
-worker's prefill of a request into a slot beside them (lane 1) run at the same time on different slots.
+worker's prefill of a request into a slot beside them (lane 1) run at the same time on different slots. A decoder
+whose layers rotate with further bases (contract v5 rotary "tables": Gemma 3's local layers) gets one more cos / sin
+pair per base and lane, bound under that table's names (engine_dir.rotary_names), allocated at its first call.
 
 Slot b of a buffer is the contiguous [H_kv, C, hd] block at offset b*H_kv*C*hd, so slots first..first+count-1 are
 one [count, H_kv, C, hd] tensor: bound as both past and present (GroupQueryAttention's
@@ -26,6 +28,8 @@ import onnxruntime as ort
 
 #: rotary tables, one per thread that runs decoder calls (0: the engine loop, 1: the admission worker's prefill)
 LANES = 2
+#: the ORT-form decoder's rotary inputs (a further rotary base's are engine_dir.rotary_names(k))
+ROTARY = ("rotary_cos", "rotary_sin")
 
 
 class HostKV:
@@ -43,6 +47,7 @@ class HostKV:
         self.tables = [(np.zeros((self.rows, head_dim // 2), dtype), np.zeros((self.rows, head_dim // 2), dtype))
                        for _ in range(LANES)]
         self.cos, self.sin = self.tables[0]
+        self.extra_tables: dict = {}  # (lane, (cos name, sin name)) -> tables of a further rotary base
 
     def bind_kv(self, binding, first: int, count: int, names) -> None:
         """Bind slots first..first+count-1 of every layer as past and present (names: [(past, present)] in
@@ -52,13 +57,19 @@ class HostKV:
             binding.bind_ortvalue_input(past, value)
             binding.bind_ortvalue_output(present, value)
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0) -> None:
-        """Write this call's rows (cos, sin [n, hd/2]) at the start of the lane's table and bind the table."""
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0,
+                    names: tuple[str, str] = ROTARY) -> None:
+        """Write this call's rows (cos, sin [n, hd/2]) at the start of the lane's table and bind the table as ``names``
+        (a decoder with a second rotary base has a second table per lane: engine_dir.rotary_names)."""
         n = len(cos)
-        table_cos, table_sin = self.tables[lane]
+        if names == ROTARY:
+            table_cos, table_sin = self.tables[lane]
+        else:
+            table_cos, table_sin = self.extra_tables.setdefault((lane, names), (np.zeros_like(self.cos),
+                                                                                np.zeros_like(self.sin)))
         table_cos[:n], table_sin[:n] = cos, sin
-        binding.bind_cpu_input("rotary_cos", table_cos)
-        binding.bind_cpu_input("rotary_sin", table_sin)
+        binding.bind_cpu_input(names[0], table_cos)
+        binding.bind_cpu_input(names[1], table_sin)
 
     def copy_slot(self, src: int, dst: int, n: int) -> None:
         for pair in self.kv:
@@ -102,6 +113,7 @@ class CudaKV:
         table = self.rows * (head_dim // 2) * self.item
         self.tables = [(cudart.DeviceBuffer(table), cudart.DeviceBuffer(table)) for _ in range(LANES)]
         self.cos, self.sin = self.tables[0]
+        self.extra_tables: dict = {}  # (lane, (cos name, sin name)) -> device tables of a further base
         self.lane_streams = [self.stream] + [cudart.Stream() for _ in range(LANES - 1)]  # a lane's uploads
         for buf in (*(b for pair in self.kv for b in pair), *(b for pair in self.tables for b in pair)):
             buf.zero(self.stream)
@@ -117,10 +129,18 @@ class CudaKV:
             binding.bind_input(past, "cuda", 0, self.dtype, shape, ptr)
             binding.bind_output(present, "cuda", 0, self.dtype, shape, ptr)  # same address: in-place update
 
-    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0) -> None:
+    def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0,
+                    names: tuple[str, str] = ROTARY) -> None:
         shape = [self.rows, self.hd // 2]
         stream = self.lane_streams[lane]
-        for name, buf, rows in zip(("rotary_cos", "rotary_sin"), self.tables[lane], (cos, sin)):
+        tables = self.tables[lane] if names == ROTARY else self.extra_tables.get((lane, names))
+        if tables is None:  # a further rotary base's table, allocated at its first call
+            size = self.rows * (self.hd // 2) * self.item
+            tables = self.extra_tables[(lane, names)] = (self._cudart.DeviceBuffer(size),
+                                                         self._cudart.DeviceBuffer(size))
+            for buf in tables:
+                buf.zero(stream)
+        for name, buf, rows in zip(names, tables, (cos, sin)):
             buf.upload(np.ascontiguousarray(rows, self.dtype), stream)  # only this call's rows
             binding.bind_input(name, "cuda", 0, self.dtype, shape, buf.ptr)
         stream.synchronize()

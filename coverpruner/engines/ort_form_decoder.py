@@ -23,7 +23,8 @@ import threading
 
 import numpy as np
 
-from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
+from coverpruner.engine_dir import ATTENTION_BLOCKS, ORT_DECODER_INPUTS, past_names
+from coverpruner.engines.attention_inputs import AttentionInputs
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 from coverpruner.engines.kv_buffers import kv_buffers
 from coverpruner.engines.rotary import rotary_rows
@@ -45,9 +46,13 @@ class KVSlots:
         self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
         self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
         self.interleaved = bool(rotary.get("mrope_interleaved", False))
+        self.factor = float(rotary.get("factor", 1.0))  # linear rope scaling
         inputs = {i.name: i.type for i in session.get_inputs()}
+        #: contract v5: the attention biases (bidirectional blocks, windows) and further rotary tables it takes
+        self.attention = AttentionInputs(list(inputs), rotary, head_dim)
         #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows and KV
-        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(num_layers)))
+        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(num_layers),
+                                                       *self.attention.names))
         #: float dtype of embeddings, rotary rows and cache (the graph's inputs_embeds)
         self.dtype = np.dtype(np.float16 if inputs.get("inputs_embeds") == "tensor(float16)" else np.float32)
         self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in range(num_layers)
@@ -59,14 +64,29 @@ class KVSlots:
         """positions int64 [R, S] -> cos, sin [S, hd/2]."""
         positions = np.asarray(positions)
         return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section,
-                           self.interleaved)
+                           self.interleaved, self.factor)
+
+    def _bind_attention(self, binding, starts, lengths, blocks, total: int, positions: list, lane: int = 0) -> None:
+        """Contract v5: this call's attention biases (entries' cached rows ``starts``, new rows ``lengths``, their
+        blocks) and the further rotary tables' rows (positions: per entry [R, S], laid out as rotary_row says) in
+        the lane's tables."""
+        for name, bias in self.attention.bias_feeds(starts, lengths, blocks, total, self.dtype).items():
+            binding.bind_cpu_input(name, bias)
+        if self.attention.tables:
+            parts = [self.attention.table_rows(p) for p in positions]
+            for k, (names, _, _) in enumerate(parts[0]):
+                self.buffers.bind_rotary(binding, np.concatenate([p[k][1] for p in parts]),
+                                         np.concatenate([p[k][2] for p in parts]), lane, names)
 
     def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
             extras: dict | None = None, lane: int = 0) -> np.ndarray:
         """Append S tokens to slots first..first+count-1: embeds float [count, S, d], positions one int64 [R, S]
-        per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given) -> logits
-        float32 [count, V] of each slot's last new token. lane: the calling thread's rotary table (kv_buffers.LANES:
-        calls on other slots may run meanwhile from another thread with another lane)."""
+        per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given; contract v5's
+        attention_blocks int64 [count, S]: the rows' blocks) -> logits float32 [count, V] of each slot's last new
+        token. lane: the calling thread's rotary tables (kv_buffers.LANES: calls on other slots may run meanwhile
+        from another thread with another lane)."""
+        extras = dict(extras or {})
+        blocks = extras.pop(ATTENTION_BLOCKS, None)
         slots = np.arange(first, first + count)
         s = embeds.shape[1]
         total = self.lengths[slots] + s
@@ -88,6 +108,8 @@ class KVSlots:
                                  lane)
         binding.bind_cpu_input("rotary_row", (np.arange(count, dtype=np.int64) * s)[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
+        self._bind_attention(binding, self.lengths[slots], np.full(count, s), blocks, int(total.max()),
+                             [np.asarray(p) for p in positions], lane)
         self.buffers.bind_kv(binding, first, count, self.names)
         binding.bind_output("logits")  # to host memory
         self.session.run_with_iobinding(binding)
@@ -110,6 +132,8 @@ class KVSlots:
         (LLaVA's compact 0..S-1 always are). The
         padding rows (S_i .. max S_i - 1 of a shorter request) are written into its slot but lie past its length:
         attention never reads them and its next rows overwrite them."""
+        extras = [dict(x) if x else None for x in extras]
+        blocks = [x.pop(ATTENTION_BLOCKS, None) if x else None for x in extras]
         k, lens = len(embeds), np.array([len(e) for e in embeds], dtype=np.int64)
         s = int(lens.max())
         if self.lengths[first:first + k].any() or first + k > self.batch or s > self.capacity:
@@ -134,6 +158,7 @@ class KVSlots:
         self.buffers.bind_rotary(binding, cos, sin)
         # row s of the shared table, under either reading of position_ids ([b, 0] + s, or [b, s])
         binding.bind_cpu_input("rotary_row", np.broadcast_to(np.arange(s, dtype=np.int64), (k, s)).copy())
+        self._bind_attention(binding, np.zeros(k, np.int64), lens, blocks, s, [positions])
         self.buffers.bind_kv(binding, first, k, self.names)
         binding.bind_output("logits")
         self.session.run_with_iobinding(binding)
@@ -476,6 +501,10 @@ class BatchDecoder:
         # decoder extras of a row that has them (a request's last prompt row may be a visual row): a third item
         # {name: [d]}; the others' rows get zeros
         given = [(i, feeds[h][2]) for i, h in enumerate(self._order) if len(feeds[h]) > 2 and feeds[h][2]]
+        # contract v5: a row fed alone attends causally whatever its block (its block's other rows, if any, are
+        # never split from it: the runtime's whole ranges keep a block in one prefill call)
+        given = [(i, {k: v for k, v in x.items() if k != ATTENTION_BLOCKS}) for i, x in given]
+        given = [(i, x) for i, x in given if x]
         extras = None
         if given:
             extras = {name: np.zeros_like(embeds) for name in self._slots.extra_names}

@@ -12,10 +12,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def inv_freq(head_dim: int, theta: float) -> np.ndarray:
-    """[head_dim/2] float32 inverse frequencies, computed in float32 as transformers' default rope does."""
+def inv_freq(head_dim: int, theta: float, factor: float = 1.0) -> np.ndarray:
+    """[head_dim/2] float32 inverse frequencies, computed in float32 as transformers' default rope does; a linear
+    rope scaling ``factor`` divides them (transformers' "linear" rope_type: inv_freq / factor, in float32)."""
     exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    return (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    freq = (np.float32(1.0) / (np.float32(theta) ** exponent)).astype(np.float32)
+    return freq if factor == 1.0 else (freq / np.float32(factor)).astype(np.float32)
 
 
 def mrope_axes(mrope_section: list[int], half: int, interleaved: bool = False) -> np.ndarray:
@@ -36,10 +38,12 @@ def mrope_axes(mrope_section: list[int], half: int, interleaved: bool = False) -
 
 
 def rotary_rows(positions: np.ndarray, head_dim: int, theta: float,
-                mrope_section: list[int] | None = None, interleaved: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                mrope_section: list[int] | None = None, interleaved: bool = False,
+                factor: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [L, head_dim/2] float32 for positions [L] (1-D) or [3, L] (T/H/W, with `mrope_section`; the
-    layout of `mrope_axes`: blocks, or interleaved). The full-dim duplicate half repeats the same slots."""
-    freq = inv_freq(head_dim, theta)
+    layout of `mrope_axes`: blocks, or interleaved). The full-dim duplicate half repeats the same slots. factor:
+    linear rope scaling (inv_freq)."""
+    freq = inv_freq(head_dim, theta, factor)
     pos = np.asarray(positions).astype(np.float32)
     if pos.ndim == 1:
         angles = pos[:, None] * freq[None, :]

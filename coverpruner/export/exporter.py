@@ -20,7 +20,8 @@ from pathlib import Path
 
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
+from coverpruner.engine_dir import (MANIFEST, METHOD_GRAPHS, attention_record, extras_record, read_if_present,
+                                    write_manifest)
 from coverpruner.export.checkpoint_checks import check_dims, resolve_decoder_form
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
@@ -151,7 +152,9 @@ def _export_ort_decoder(family, model, config, output: Path, dtype: str) -> tupl
 
     try:
         weights = family.decoder_weights(model)
-        path = build_ort_decoder(weights, output / "decoder.onnx", dtype, extras=family.decoder_spec(config).extras)
+        spec = family.decoder_spec(config)
+        path = build_ort_decoder(weights, output / "decoder.onnx", dtype, extras=spec.extras,
+                                 attention=spec.attention)
     except ValueError as exc:
         raise ExportError(f"--decoder-form ort: {exc}") from None
     data = path.with_name(data_file_name(path))
@@ -197,9 +200,11 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
                                      _use_external(opts.external_data, _param_bytes(spec.module)))
                 del spec
                 gc.collect()
-        declared = family.decoder_spec(config).extras if g == "decoder" else ()
-        if declared:  # contract v4: the runtime feeds the extras from this record, without family code
-            extra["extras"] = extras_record(declared)
+        declared = family.decoder_spec(config) if g == "decoder" else None
+        if declared is not None and declared.extras:  # contract v4: the runtime feeds the extras from this record
+            extra["extras"] = extras_record(declared.extras)
+        if declared is not None and not declared.attention.plain:  # v5: windows / blocks, read by the engines
+            extra["attention"] = attention_record(declared.attention)
         seconds[g] = time.perf_counter() - t0
         entries[g] = {**graph_entry(saved), **extra}
         bar.update()

@@ -10,6 +10,7 @@ requires torch.
 from __future__ import annotations
 
 from coverpruner.engine_dir import (
+    ATTENTION_BLOCKS,
     DECODER_INPUTS,
     EMBED_INPUTS,
     EMBED_OUTPUTS,
@@ -37,13 +38,14 @@ def position_axes(rank: int, batch, seq) -> dict:
 
 
 def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16,
-                     extras=()) -> dict[str, ExportSpec]:
+                     extras=(), attention=None) -> dict[str, ExportSpec]:
     """ExportSpec of embed, probe and decoder for ``model`` (family adapter ``family``).
 
     dims: the manifest dims (hidden_size, num_layers, num_kv_heads, head_dim, vocab_size). dtype: torch float
     dtype of the graphs. rank: position rank R. num_visual: example visual-column count of the probe.
     extras: the decoder extras (contract.DecoderExtra), inputs float [B,S,d] after the past KV, on inputs_embeds'
-    axes (so TensorRT profiles give them inputs_embeds' ranges).
+    axes (so TensorRT profiles give them inputs_embeds' ranges). attention: the contract.AttentionSpec (v5); with
+    blocks the decoder takes attention_blocks int64 [B,S] last (ATTENTION_BLOCKS), on inputs_embeds' first two axes.
     """
     import torch
     from torch.export import Dim
@@ -74,11 +76,16 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     past_dim = Dim("past_sequence", min=0)
     shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, position_axes(rank, batch, seq),
               tuple({0: batch, 2: past_dim} for _ in past))
-    if extras:  # one more tuple argument (a family without extras exports the v3 graph unchanged)
-        args += (tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras),)
-        shapes += (tuple({0: batch, 1: seq} for _ in extras),)
-    module = DecoderGraph(family.language_model(model), family.lm_head(model), extras).eval()
-    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers), *(e.name for e in extras)],
+    blocks = attention is not None and attention.blocks
+    if extras or blocks:  # one more tuple argument (a family without extras exports the v3 graph unchanged)
+        rows = tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras)
+        if blocks:  # last in the tuple: rows 0..1 of entry 0 one block, the rest text (the axes stay symbolic)
+            rows += (torch.tensor([[0, 0, -1], [-1, 1, 1]], dtype=torch.long),)
+        args += (rows,)
+        shapes += (tuple({0: batch, 1: seq} for _ in rows),)
+    module = DecoderGraph(family.language_model(model), family.lm_head(model), extras, attention).eval()
+    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers), *(e.name for e in extras),
+                                                 *([ATTENTION_BLOCKS] if blocks else [])],
                                   [LOGITS, *present_names(layers)], shapes)
     return specs
 
@@ -86,7 +93,8 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
 def graph_specs(family, model, config, dtype) -> dict[str, ExportSpec]:
     """ExportSpec of vision, embed, probe and decoder: the family's parts wrapped here (position rank, dims and
     probe example from the family, contract.Family) plus the family's own vision spec."""
+    spec = family.decoder_spec(config)
     specs = text_graph_specs(family, model, family.dims(config), dtype, rank=family.position_rank,
-                             num_visual=family.probe_example_visual(config),
-                             extras=family.decoder_spec(config).extras)
+                             num_visual=family.probe_example_visual(config), extras=spec.extras,
+                             attention=spec.attention)
     return {**family.export_specs(model, config, dtype), **specs}

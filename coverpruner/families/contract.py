@@ -1,4 +1,4 @@
-"""The family contract (v4): what export, engines and runtime ask a model family, typed.
+"""The family contract (v5): what export, engines and runtime ask a model family, typed.
 
 A family (LLaVA-1.5, LLaVA-NeXT, Qwen2.5-VL, ...) is one package under families/ with a class satisfying
 `Family`, registered by the `FAMILY = FamilyEntry(...)` its package's __init__ declares (the registry,
@@ -19,6 +19,8 @@ imports another family. One request, as the runtime drives it (shapes for batch 
     pruned sequence = text tokens + kept rows in native order; pruned_positions -> int64 [R, L']
     decoder extras (v4, DecoderSpec): ImageSpan.extras[name] [S, d] gathered with the same kept rows, zero at
         text rows, fed beside inputs_embeds at prefill (zeros at decode) and added after decoder layer k
+    attention (v5, DecoderSpec.attention): sliding windows per layer and, in prefill, blocks of rows that attend
+        to each other both ways (ImageSpan.blocks: one image crop's kept rows); AttentionSpec() = causal everywhere
     decode: the t-th generated token sits at decode_position(t) -> int64 [R]
 
 Family modules import torch/transformers only inside export-time methods: the runtime imports them.
@@ -120,6 +122,9 @@ class ImageSpan:
     windows groups candidates by it); None for an image.
     extras: the family's decoder extras (contract v4, DecoderSpec.extras): {graph input name: float [S, d]} in the
     graph float dtype, the same rows in the same order as ``rows`` (e.g. DeepStack features); empty without.
+    blocks: int64 [S] (contract v5, with AttentionSpec.blocks): rows with the same value form one block whose rows
+    (after pruning: its kept rows) attend to each other both ways in prefill (Gemma 3: one value per crop); None:
+    the rows attend causally.
     """
 
     rows: np.ndarray
@@ -127,6 +132,7 @@ class ImageSpan:
     always_kept: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     temporal: np.ndarray | None = None
     extras: dict = field(default_factory=dict)
+    blocks: np.ndarray | None = None
 
     @property
     def features(self) -> np.ndarray:
@@ -183,6 +189,9 @@ class ProbeParts:
     [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
     q_norm, k_norm: the attention variant with per-head RMSNorm (Qwen3, Qwen3-VL): modules [.., hd] -> [.., hd]
     applied to each head's query / key before rotary; None for plain attention.
+    window: layer 0's sliding window W (contract v5: a query row sees the keys less than W rows before it, as
+    AttentionSpec.windows[0]); None for full attention. (The instruction rows the probe reads are text rows, which no
+    image block overlay unmasks: causal within the window is all they see.)
     """
 
     norm: Any
@@ -196,14 +205,18 @@ class ProbeParts:
     scaling: float
     q_norm: Any = None
     k_norm: Any = None
+    window: int | None = None
 
 
 @dataclass
 class DecoderLayerWeights:
     """One decoder layer's float32 numpy weights in HF Linear layout (weight [out, in]).
 
-    input_norm, post_norm: [d] RMSNorm scales; q/k/v: [H*hd, d], [H_kv*hd, d], [H_kv*hd, d] (+ biases [out] or
-    None); o: [d, H*hd]; gate, up: [ffn, d]; down: [d, ffn].
+    input_norm, post_norm: [d] RMSNorm scales (post_norm: the norm before the MLP); q/k/v: [H*hd, d], [H_kv*hd, d],
+    [H_kv*hd, d] (+ biases [out] or None); o: [d, H*hd]; gate, up: [ffn, d]; down: [d, ffn].
+    attn_out_norm, mlp_out_norm: [d] RMSNorm scales applied to the attention output and to the MLP output before
+    each residual add (Gemma's sandwich norms); None for the Llama layout. Every scale is the one multiplied in
+    (a (1 + w) norm's is 1 + w).
     """
 
     input_norm: np.ndarray
@@ -220,13 +233,20 @@ class DecoderLayerWeights:
     down: np.ndarray
     q_norm: np.ndarray | None = None
     k_norm: np.ndarray | None = None
+    attn_out_norm: np.ndarray | None = None
+    mlp_out_norm: np.ndarray | None = None
 
 
 @dataclass
 class DecoderWeights:
     """The text decoder as arrays, for graphs written op by op (export/ortform): layers, final norm [d], lm_head
     [V, d], RMSNorm epsilon, head counts and head_dim, and rotary {"theta": float, "mrope_section": [t, h, w] or
-    None, "mrope_interleaved": bool} (engines/rotary.py: sections in blocks, or interleaved as Qwen3-VL's)."""
+    None, "mrope_interleaved": bool} (engines/rotary.py: sections in blocks, or interleaved as Qwen3-VL's), plus
+    optionally "factor" (linear rope scaling: frequencies divided by it) and, for a decoder whose layers rotate
+    differently (Gemma 3: local and global bases), "tables" [{"theta", "factor"}] (tables 1, 2, ...; table 0 is the
+    base above) and "layer_tables" [per layer: its table].
+    activation: the MLP's gate activation, "silu" or "gelu_tanh"; scale: the attention's score scale (None:
+    1/sqrt(head_dim))."""
 
     layers: list[DecoderLayerWeights]
     norm: np.ndarray
@@ -236,6 +256,8 @@ class DecoderWeights:
     num_kv_heads: int
     head_dim: int
     rotary: dict
+    activation: str = "silu"
+    scale: float | None = None
 
 
 @dataclass(frozen=True)
@@ -293,12 +315,35 @@ class DecoderExtra:
 
 
 @dataclass(frozen=True)
+class AttentionSpec:
+    """The decoder's attention masks beyond causal (contract v5; the default: every layer causal over everything).
+
+    windows: per decoder layer its sliding window W (a query row sees the keys less than W rows before it: key >
+    query - W, transformers' sliding_window_overlay) or None for full attention; () = every layer full.
+    blocks: in prefill, the rows of one block (ImageSpan.blocks; after pruning, its kept rows) also see each other
+    both ways, inside the window: AND(window, OR(causal, same block)), as transformers builds Gemma 3's masks from
+    token_type_ids. Decode rows are text: causal (and windowed). A block is never split between two decoder calls
+    (the prefix cache restores whole blocks only).
+    """
+
+    windows: tuple[int | None, ...] = ()
+    blocks: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """True when nothing beyond causal attention is declared (the v4 decoder)."""
+        return not self.blocks and all(w is None for w in self.windows)
+
+
+@dataclass(frozen=True)
 class DecoderSpec:
     """What a family's decoder takes besides embeddings, positions and KV (contract v4). extras: the extra
-    per-row inputs, in graph-input order (empty: the v3 decoder). Export records them in the manifest
-    (graphs.decoder.extras); engines and runtime read that record, never the family."""
+    per-row inputs, in graph-input order (empty: the v3 decoder). attention (v5): sliding windows and bidirectional
+    prefill blocks. Export records them in the manifest (graphs.decoder.extras / .attention); engines and runtime
+    read that record, never the family."""
 
     extras: tuple[DecoderExtra, ...] = ()
+    attention: AttentionSpec = AttentionSpec()
 
 
 @dataclass
@@ -437,7 +482,8 @@ class Family(Protocol):
         """Visual-column count of the probe graph's example inputs (any n >= 2; the axis stays dynamic)."""
 
     def decoder_spec(self, config) -> DecoderSpec:
-        """The decoder's extra inputs (contract v4; the HF base: none). Each extra's features come from the
+        """The decoder's extra inputs (contract v4; the HF base: none) and its attention masks (v5: the HF base
+        reads the text config's layer_types / sliding_window; no blocks). Each extra's features come from the
         family's vision graph through ImageSpan.extras; export adds them after the named layers of
         `language_model(model).layers` (standard form) or of `decoder_weights` (ORT form)."""
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from coverpruner.families.contract import (ChatFeatures, ConversationLayout, DecoderLayerWeights, DecoderSpec,
-                                           DecoderWeights, ProbeParts, ReasoningFormat, ToolCallFormat)
+from coverpruner.families.contract import (AttentionSpec, ChatFeatures, ConversationLayout, DecoderLayerWeights,
+                                           DecoderSpec, DecoderWeights, ProbeParts, ReasoningFormat, ToolCallFormat)
 
 # OpenAI CLIP's normalisation: the image_mean/image_std default of the CLIP, LLaVA-NeXT and Qwen2-VL processors
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -45,7 +45,8 @@ def render_chat_template(chat_template: str, messages: list[dict], add_generatio
     tools) and ``kwargs`` (chat_template_kwargs) are template variables as in transformers' apply_chat_template.
 
     The `{% generation %}` block tag (transformers' assistant-mask extension) is accepted and renders
-    its body unchanged, so llava-hf templates work without transformers.
+    its body unchanged, so llava-hf templates work without transformers. kwargs also carry what transformers passes
+    from the tokenizer (its special tokens, e.g. bos_token, which Gemma's template renders).
     """
     return _compiled_template(chat_template).render(**kwargs, messages=messages, tools=tools,
                                                     add_generation_prompt=add_generation_prompt)
@@ -65,7 +66,7 @@ def _strftime_now(fmt: str) -> str:
 
 #: what a chat template reads that no request sets (the conversation, and the environment's own globals)
 TEMPLATE_RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "documents", "raise_exception",
-                               "strftime_now", "range", "dict", "namespace", "cycler", "joiner", "lipsum"})
+                               "bos_token", "strftime_now", "range", "dict", "namespace", "cycler", "joiner", "lipsum"})
 
 
 def template_variables(chat_template: str) -> frozenset:
@@ -172,8 +173,8 @@ def _checked_text(text: str, where: str, bad: tuple[str, ...], image_token: str,
 
 def render_conversation(chat_template: str, messages: list[dict], image_token: str, rows_per_image: list[int],
                         reserved: tuple[str, ...] = (), video_token: str | None = None,
-                        expand=None, tools: list | None = None, template_kwargs: dict | None = None
-                        ) -> RenderedConversation:
+                        expand=None, tools: list | None = None, template_kwargs: dict | None = None,
+                        context: dict | None = None) -> RenderedConversation:
     """Render ``messages`` (each {"role", "content": [{"type": "text", "text"} | {"type": "image"}]}) with the
     chat template (add_generation_prompt), expand the j-th image placeholder to ``rows_per_image[j]`` copies of
     ``image_token`` and record each text part's character span (every text part of a system or user turn renders as
@@ -184,7 +185,8 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
     messages[i].content[j]) when a text holds ``image_token`` or a ``reserved`` string, or the template does not
     render each part exactly once. ``expand(j, token, rows)`` -> str, when given, is the text the j-th placeholder
     becomes instead of ``token * rows`` (Qwen3-VL's timestamped video frames). tools, template_kwargs: the
-    template's ``tools`` and further variables (render_chat_template)."""
+    template's ``tools`` and a request's variables; context: the tokenizer's special tokens the template reads
+    (bos_token); both go to render_chat_template, context winning."""
     marked, texts, images, kinds = [], [], 0, []
     tokens = {"image": image_token, "video": video_token}
     bad = (image_token, *([video_token] if video_token else []), *reserved)
@@ -213,7 +215,7 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
     if images != len(rows_per_image):
         raise ValueError(f"the messages hold {images} images; {len(rows_per_image)} image spans were given")
     rendered = render_chat_template(chat_template, marked, add_generation_prompt=True, tools=tools or None,
-                                    **(template_kwargs or {}))
+                                    **{**(template_kwargs or {}), **(context or {})})
     placeholders = "|".join(re.escape(t) for t in (image_token, video_token) if t)
     pieces = re.split("(" + placeholders + "|\u2063COVERPRUNER_TEXT\\d+\u2063)", rendered)
     out, spans, seen, image = [], [[] for _ in messages], set(), 0
@@ -242,12 +244,15 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
 
 
 def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: list[dict], image_token_id: int,
-                          rows_per_image: list[int], video_token_id: int | None = None) -> ConversationLayout:
-    """Tokenize a rendered conversation (BOS from the tokenizer's post-processor, as HF does) and locate each
-    image's rows (the j-th run of ``rows_per_image[j]`` image tokens) and the instruction tokens (non-empty
-    offsets overlapping the text parts of a message, image tokens never). Videos (``video_token_id``) count as
-    images here: their spans are in the same list, in order. ValueError on a count mismatch."""
-    enc = tokenizer.encode(rendered.text)
+                          rows_per_image: list[int], video_token_id: int | None = None,
+                          add_special_tokens: bool = True) -> ConversationLayout:
+    """Tokenize a rendered conversation (BOS from the tokenizer's post-processor, as HF does, unless
+    ``add_special_tokens`` is False: a template that renders its own BOS, whose text transformers tokenizes without
+    adding one) and locate each image's rows (the j-th run of ``rows_per_image[j]`` image tokens) and the
+    instruction tokens (non-empty offsets overlapping the text parts of a message, image tokens never). Videos
+    (``video_token_id``) count as images here: their spans are in the same list, in order. ValueError on a count
+    mismatch."""
+    enc = tokenizer.encode(rendered.text, add_special_tokens=add_special_tokens)
     ids = np.asarray(enc.ids, dtype=np.int64)
     media_ids = [image_token_id] + ([video_token_id] if video_token_id is not None else [])
     visual = np.flatnonzero(np.isin(ids, media_ids)).astype(np.int64)
@@ -331,6 +336,15 @@ def chat_layout(image_token: str, expand_image_token: str, bos: str, position_id
     }
 
 
+def attention_windows(text_config) -> tuple[int | None, ...]:
+    """Per decoder layer its sliding window (contract.AttentionSpec.windows) from an HF text config: the config's
+    sliding_window on its "sliding_attention" layer_types, None on the others; () for a config without layer_types
+    or without a sliding layer (every layer full)."""
+    types = getattr(text_config, "layer_types", None) or ()
+    windows = tuple(int(text_config.sliding_window) if t == "sliding_attention" else None for t in types)
+    return windows if any(w is not None for w in windows) else ()
+
+
 def _norm_weight(attn, name: str):
     """float32 [hd] scale of the attention's per-head RMSNorm ``name`` (q_norm / k_norm), None without one."""
     norm = getattr(attn, name, None)
@@ -364,6 +378,16 @@ class HFFamily:
         t = config.text_config
         return {"image_token_id": int(config.image_token_id), "bos_token_id": t.bos_token_id,
                 "eos_token_id": t.eos_token_id, "pad_token_id": t.pad_token_id}
+
+    @staticmethod
+    def generation_eos(config, model_dir: Path | None):
+        """The ids HF generate stops on: generation_config.json's eos_token_id (instruct checkpoints list their
+        end-of-turn token there) when the checkpoint has one, else the text config's."""
+        eos = config.text_config.eos_token_id
+        gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
+        if gen is not None and gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id", eos)
+        return eos
 
     def family_fields(self, config, model_dir: Path, *, dims: dict, visual: dict, layout: dict, processor: dict,
                       options: dict, axes: dict) -> dict:
@@ -404,20 +428,23 @@ class HFFamily:
         return apply_rotary_pos_emb
 
     def probe_parts(self, model) -> ProbeParts:
-        """Layer 0's input norm, q/k projections, the decoder's rotary module and head counts."""
+        """Layer 0's input norm, q/k projections, the decoder's rotary module, head counts and sliding window."""
         lm = self.language_model(model)
         attn = lm.layers[0].self_attn
         cfg = lm.config
+        windows = attention_windows(cfg)
         return ProbeParts(
             norm=lm.layers[0].input_layernorm, q_proj=attn.q_proj, k_proj=attn.k_proj, rotary=lm.rotary_emb,
             apply_rope=self.apply_rope(), num_heads=cfg.num_attention_heads,
             num_kv_heads=cfg.num_key_value_heads, head_dim=attn.head_dim, scaling=attn.scaling,
             q_norm=getattr(attn, "q_norm", None), k_norm=getattr(attn, "k_norm", None),
+            window=windows[0] if windows else None,
         )
 
     def decoder_spec(self, config) -> DecoderSpec:
-        """No decoder extras (contract v4): embeddings, positions and KV only."""
-        return DecoderSpec()
+        """No decoder extras (contract v4): embeddings, positions and KV only; the attention windows of the text
+        config (v5, attention_windows), no bidirectional blocks."""
+        return DecoderSpec(attention=AttentionSpec(windows=attention_windows(config.text_config)))
 
     def decoder_weights(self, model) -> DecoderWeights:
         """contract.Family.decoder_weights from the HF decoder stack (Llama / Qwen2 layer layout: self_attn.
@@ -457,6 +484,8 @@ class HFRuntime:
     chat-template layout of one user turn with `image_token` expanded to the image's rows."""
 
     image_token: str = ""
+    #: False for a chat template that renders the BOS itself (Gemma's "{{ bos_token }}"): no second one is added
+    add_special_tokens: bool = True
     #: the chat template's video placeholder (None: the family takes no video)
     video_token: str | None = None
     video_token_id: int | None = None
@@ -472,6 +501,8 @@ class HFRuntime:
         self.chat_template = manifest.chat_template
         self.family_name = getattr(manifest, "family", type(self).__name__)
         self.image_token_id = int(manifest.token_ids["image_token_id"])
+        #: rendered as the template's bos_token (transformers passes the tokenizer's special tokens to templates)
+        self.bos_token_id = manifest.token_ids.get("bos_token_id")
         self.float_dtype = np.dtype(manifest.float_dtype)
 
     @functools.cached_property
@@ -509,10 +540,13 @@ class HFRuntime:
         if media is not None:
             def expand(j, token, rows):
                 return self.placeholder_text(token, rows, media[j])
+        bos = self.bos_token_id
+        context = {"bos_token": tokenizer.id_to_token(bos)} if isinstance(bos, int) else {}
         rendered = render_conversation(self.chat_template, messages, self.image_token, list(rows_per_image),
-                                       self.reserved_strings, self.video_token, expand, tools, template_kwargs)
+                                       self.reserved_strings, self.video_token, expand, tools, template_kwargs,
+                                       context)
         return tokenize_conversation(tokenizer, rendered, messages, self.image_token_id, list(rows_per_image),
-                                     self.video_token_id)
+                                     self.video_token_id, self.add_special_tokens)
 
     def placeholder_text(self, token: str, rows: int, facts: dict) -> str:
         """The text one image / video placeholder becomes: ``rows`` copies of its token (a family whose layout

@@ -116,10 +116,7 @@ class QwenVLFamily(HFFamily):
         """Special ids; eos_token_id is generation_config.json's list when the checkpoint has one (the Instruct
         models stop on <|im_end|> and <|endoftext|>, as HF generate does), else the text config's."""
         t = config.text_config
-        eos = t.eos_token_id
-        gen = Path(model_dir) / "generation_config.json" if model_dir is not None else None
-        if gen is not None and gen.is_file():
-            eos = json.loads(gen.read_text()).get("eos_token_id", eos)
+        eos = self.generation_eos(config, model_dir)
         return {"image_token_id": int(config.image_token_id), "video_token_id": int(config.video_token_id),
                 "vision_start_token_id": config.vision_start_token_id,
                 "vision_end_token_id": config.vision_end_token_id, "bos_token_id": t.bos_token_id,

@@ -11,7 +11,8 @@ A request's way through:
     submit     -> the admission worker (runtime/admission.py): native sequence, vision, probe, selection, the pruned
                   rows (runtime/inputs.py), beside the decode steps (threaded) or when the step asks (inline); with
                   a batch of slots and a worker thread it also prefills the rows but the last into a staging slot
-                  beside the steps (``_stage``: cached prefix blocks written in, the rest in chunks of STAGE_ROWS)
+                  beside the steps (``_stage``: cached prefix blocks written in, the rest in chunks of STAGE_ROWS,
+                  never cutting a range of rows one call must hold: contract v5's blocks)
     ready      -> its rows' block keys (runtime/prefix_cache.BlockChain) and the longest cached prefix, held
     each step: Scheduler.plan(running answers, ready/prefilling requests, free slots) -> StepPlan
                (runtime/scheduler.py: running decodes first, then prefill chunks under the step's token budget)
@@ -46,6 +47,7 @@ from coverpruner.engine_dir import graph_spec
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.admission import Admission
+from coverpruner.runtime.attention_blocks import call_end
 from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.grammar import GrammarMatcher, start_masks
 from coverpruner.runtime.inputs import InputProcessor, Prepared
@@ -318,7 +320,7 @@ class Engine:
         prepared = job.prepared
         if prepared.identity is not None:
             job.chain = BlockChain(prepared.identity)
-            job.blocks = self.cache.match(job.chain, prepared.length - 1)
+            job.blocks = self.cache.match(job.chain, prepared.length - 1, prepared.whole)
             job.cached = job.done = len(job.blocks) * _block_rows(job.blocks)
 
     def _enter(self, job: _Job) -> None:
@@ -331,7 +333,7 @@ class Engine:
     def _pending(job: _Job) -> Pending:
         """A staged request waits only for the slots of its forks (it holds its own)."""
         slots = job.request.n - 1 if job.staged else job.request.n
-        return Pending(job.rid, job.prepared.length, job.done, slots, job.started)
+        return Pending(job.rid, job.prepared.length, job.done, slots, job.started, job.prepared.whole)
 
     def _stage(self, job: _Job, check) -> None:
         """On the admission worker's thread: the request's cached prefix and its rows but the last into the slots'
@@ -349,7 +351,8 @@ class Engine:
             job.t_prefill = time.perf_counter()
             while job.done < prepared.length - 1:
                 check()
-                stop = min(job.done + STAGE_ROWS, prepared.length - 1)
+                # a call never cuts a range one call must hold (contract v5's blocks: runtime/attention_blocks.py)
+                stop = call_end(prepared.whole, job.done, min(job.done + STAGE_ROWS, prepared.length - 1))
                 self.slots.stage_rows(Rows(-1, prepared.embeds(job.done, stop), prepared.positions[:, job.done:stop],
                                            prepared.extras(job.done, stop)))
                 job.done = stop

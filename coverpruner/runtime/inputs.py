@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from coverpruner.engine_dir import graph_spec
+from coverpruner.engine_dir import ATTENTION_BLOCKS, graph_spec
+from coverpruner.runtime.attention_blocks import native_blocks, whole_ranges
 from coverpruner.runtime.errors import CoverPrunerError, ImageError, ManifestError, PromptError
 from coverpruner.runtime.model import Model
 from coverpruner.runtime.prefix_cache import PrefixCache, feeds_hash, hash63, row_identity
@@ -36,12 +37,29 @@ def _method_kwargs(request: Request) -> dict:
 
 
 def _with_extras(digest: bytes, span) -> bytes:
-    """An image's feeds digest extended by its decoder extras' bytes (ImageSpan.extras, sorted by name)."""
+    """An image's feeds digest extended by its decoder extras' bytes (ImageSpan.extras, sorted by name) and its
+    rows' blocks (contract v5)."""
     h = hashlib.sha256(digest)
     for name in sorted(span.extras):
         h.update(name.encode())
         h.update(np.ascontiguousarray(span.extras[name]).data)
+    if span.blocks is not None:
+        h.update(b"blocks")
+        h.update(np.ascontiguousarray(span.blocks, dtype=np.int64).data)
     return h.digest()
+
+
+def _block_hashes(digest: bytes, blocks: np.ndarray, kept_rows: np.ndarray) -> dict[int, int]:
+    """{block value: hash63 of (image digest, the value, the block's kept rows)} of one image's blocks (contract v5):
+    a kept row of a block attends to the block's later kept rows, so its KV is named by all of them."""
+    kept_blocks = np.asarray(blocks)[kept_rows]
+    out = {}
+    for v in np.unique(kept_blocks).tolist():
+        h = hashlib.sha256(digest)
+        h.update(np.asarray([v], np.int64).data)
+        h.update(np.ascontiguousarray(kept_rows[kept_blocks == v], dtype=np.int64).data)
+        out[v] = hash63(h.digest())
+    return out
 
 
 def _no_check() -> None:
@@ -52,7 +70,9 @@ def _no_check() -> None:
 class Prepared:
     """A request whose inputs are ready for the decoder: its native sequence and selection, the pruned rows int64
     [L'] (ascending native indices), their positions int64 [R,L'], the DecodeState, the rows' identities int64
-    [L', 2+R] (None with the prefix cache off: runtime.prefix_cache.row_identity) and the stages' timings."""
+    [L', 2+R] (None with the prefix cache off: runtime.prefix_cache.row_identity), the stages' timings and the row
+    ranges [a, b) one decoder call must hold together (contract v5's blocks: runtime/attention_blocks.py; () for
+    a causal decoder)."""
 
     native: NativeSequence
     selection: Selection
@@ -61,6 +81,7 @@ class Prepared:
     state: DecodeState
     identity: np.ndarray | None = None
     timings: dict = field(default_factory=dict)
+    whole: tuple = ()
 
     @property
     def length(self) -> int:
@@ -72,7 +93,8 @@ class Prepared:
         return self.native.embeds[self.rows[start:stop]]
 
     def extras(self, start: int, stop: int) -> dict[str, np.ndarray] | None:
-        """The decoder extras of pruned rows start..stop-1: {name: float [S,d]}, None without extras."""
+        """The decoder extras of pruned rows start..stop-1: {name: float [S,d]} (and contract v5's
+        ATTENTION_BLOCKS: int64 [S], the rows' blocks), None without extras."""
         return self.native.extras_at(self.rows[start:stop])
 
 
@@ -97,12 +119,13 @@ class InputProcessor:
         if capacity is not None and len(rows) + state.max_tokens > capacity:
             raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's KV "
                               f"capacity is {capacity} per request")
+        whole = self.whole_ranges(native, rows)
         identity = self.row_identities(native, selection, rows, positions) if self.cache.enabled else None
         timings = dict.fromkeys(TIMING_KEYS, 0.0)
         for stage in (native, selection):
             timings.update(stage.timings)
         timings["prefill"] = time.perf_counter() - t  # planning the rows is the prefill's first part
-        return Prepared(native, selection, rows, positions, state, identity, timings)
+        return Prepared(native, selection, rows, positions, state, identity, timings, whole)
 
     # -- native sequence ------------------------------------------------------------------------
     def _prepare_media(self, image, options: dict):
@@ -167,6 +190,8 @@ class InputProcessor:
         for span, where in zip(spans, layout.image_spans):
             embeds[where] = span.rows
         extras = self._native_extras(spans, layout, L, d)
+        if graph_spec(model.manifest, "decoder").attention.blocks:  # contract v5: each row's block, gathered alike
+            extras[ATTENTION_BLOCKS] = native_blocks(spans, layout.image_spans, L)
         if extras and cache.enabled:  # a cached KV prefix holds the extras' effect: they are part of its identity
             hashes = [_with_extras(h, span) for h, span in zip(hashes, spans)]
         times["embed"] = time.perf_counter() - t
@@ -284,13 +309,30 @@ class InputProcessor:
     # -- the pruned sequence ----------------------------------------------------------------------
     def row_identities(self, native: NativeSequence, selection: Selection, rows: np.ndarray,
                        positions: np.ndarray) -> np.ndarray:
-        """int64 [L', 2+R]: the pruned rows' identities (runtime.prefix_cache.row_identity)."""
+        """int64 [L', 2+R]: the pruned rows' identities (runtime.prefix_cache.row_identity); a row of a contract v5
+        block names its image, its block and the block's kept rows (whose later rows its KV saw)."""
         image_rows = {}
-        for span, digest, sel in zip(native.layout.image_spans, native.image_hashes, selection.images):
+        blocks = ATTENTION_BLOCKS in native.extras
+        for where, digest, sel, span in zip(native.layout.image_spans, native.image_hashes, selection.images,
+                                            native.spans):
             h = hash63(digest)
+            of_block = (_block_hashes(digest, span.blocks, sel.kept_rows)
+                        if blocks and span.blocks is not None else {})
             for r in sel.kept_rows.tolist():
-                image_rows[int(span[r])] = (h, r)
+                image_rows[int(where[r])] = (of_block[int(span.blocks[r])] if of_block else h, r)
         return row_identity(native.layout.input_ids, rows, positions, image_rows)
+
+    def whole_ranges(self, native: NativeSequence, rows: np.ndarray) -> tuple[tuple[int, int], ...]:
+        """The ranges [a, b) of the pruned rows (int64 [L']) one decoder call holds together (contract v5's blocks of
+        two or more kept rows; runtime/attention_blocks.py). PromptError (one line) when the last row is in one: its
+        logits come from a call of its own."""
+        blocks = native.extras.get(ATTENTION_BLOCKS)
+        whole = whole_ranges(None if blocks is None else blocks[rows])
+        if whole and whole[-1][1] == len(rows):
+            a, b = whole[-1]
+            raise PromptError(f"the prompt ends inside an image block (its rows {a}..{b - 1} attend to each other "
+                              "both ways); it must end with text, as a chat template's generation prompt does")
+        return whole
 
     def pruned_sequence(self, request: Request, native: NativeSequence,
                         selection: Selection) -> tuple[np.ndarray, np.ndarray, DecodeState]:

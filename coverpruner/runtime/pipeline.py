@@ -357,7 +357,8 @@ class Pipeline:
         identity, blocks = None, []
         if self.prefix_cache.enabled:
             identity = self.row_identities(native, selection, rows, positions)
-            blocks = self.prefix_cache.match(BlockChain(identity), len(rows) - 1)
+            whole = self.inputs.whole_ranges(native, rows)  # contract v5: no block split by the restore
+            blocks = self.prefix_cache.match(BlockChain(identity), len(rows) - 1, whole)
         try:
             self._slots.open(blocks, len(rows) + state.max_tokens)
         finally:

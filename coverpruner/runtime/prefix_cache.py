@@ -6,7 +6,9 @@ positions only (causal attention). A row's *identity* (`row_identity`) is what d
 a text row's token id, an image row's (image hash, row index in its span), and its positions [R]. Two requests
 whose identities agree on the first P rows therefore have the same KV there, and restoring a copy of it (a
 bit-identical copy of what a prefill wrote) is the same as computing it again. The last prompt row is always
-prefilled (its logits start the answer), so at most L' - 1 rows are restored.
+prefilled (its logits start the answer), so at most L' - 1 rows are restored. With contract v5's bidirectional
+blocks a row's KV also depends on its block's later rows: a prefix is restored only up to a cut that splits no block
+(``match``'s whole ranges), so every restored block is whole, and all of its rows are in the matched identities.
 
 Blocks (vLLM's block hashing). A request's rows are cut into blocks of BLOCK_ROWS rows; block k's key chains the
 previous one's, h_k = blake2b(h_{k-1} || identity rows of block k), so h_k names the whole prefix up to the block's
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coverpruner.engines.interfaces import KVSnapshot
+from coverpruner.runtime.attention_blocks import splits
 
 TEXT_ROW = -1  # the first identity column of a text row (an image row holds its image's 63-bit hash there)
 #: rows per KV block (vLLM's default page): a finer block finds longer prefixes, a coarser one keeps fewer entries
@@ -244,14 +247,18 @@ class KVBlocks(_Store):
             block.parent.children -= 1
         super().remove(key)
 
-    def match(self, chain: BlockChain, max_rows: int) -> list[Block]:
-        """The stored blocks that begin ``chain``, at most max_rows // BLOCK_ROWS of them, in order (touched)."""
+    def match(self, chain: BlockChain, max_rows: int, whole=()) -> list[Block]:
+        """The stored blocks that begin ``chain``, at most max_rows // BLOCK_ROWS of them, in order (touched), cut
+        back to the last one whose end splits none of the ``whole`` ranges [a, b) (rows one decoder call holds
+        together: contract v5's bidirectional blocks, runtime/attention_blocks.py)."""
         found = []
         for k, key in enumerate(chain.keys[:max(0, max_rows) // BLOCK_ROWS]):
             block = self.items.get(key)
             if block is None or not np.array_equal(block.ident, chain.block(k)):
                 break
             found.append(block)
+        while found and splits(whole, len(found) * BLOCK_ROWS):
+            found.pop()
         for block in found:
             self.budget.touch(self, block.key)
         return found
@@ -351,11 +358,11 @@ class PrefixCache:
         with self._lock:
             self.selections.put_selection(digest, keep, relevance)
 
-    def match(self, chain: BlockChain, max_rows: int) -> list[Block]:
-        """KVBlocks.match: the stored blocks that begin ``chain`` (at most max_rows rows), held for the request from
-        here (none is evicted while held) until it calls ``release``."""
+    def match(self, chain: BlockChain, max_rows: int, whole=()) -> list[Block]:
+        """KVBlocks.match: the stored blocks that begin ``chain`` (at most max_rows rows, splitting none of the
+        ``whole`` ranges), held for the request from here (none is evicted while held) until it calls ``release``."""
         with self._lock:
-            blocks = self.kv.match(chain, max_rows)
+            blocks = self.kv.match(chain, max_rows, whole)
             for block in blocks:
                 block.refs += 1
             return blocks

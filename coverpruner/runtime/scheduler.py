@@ -16,23 +16,31 @@ Rules, in order:
 A long prefill is thus split into chunks across steps, each step near one decode step's time when the budget is
 set so (``--max-step-tokens``); with no budget (None) a request prefills whole, which is what a single slot does
 (there is nothing to interleave it with).
+4. A chunk never cuts one of its request's ``whole`` ranges (rows one decoder call must hold together: contract v5's
+   bidirectional blocks, runtime/attention_blocks.py), and since its last row runs by itself in the decode call,
+   that row is never a range's row: it ends earlier (at the range's start) or, when that leaves nothing, after the
+   range's last row, over the budget (a block is run whole).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from coverpruner.runtime.attention_blocks import call_end
+
 
 @dataclass(frozen=True)
 class Pending:
     """A request waiting to prefill or prefilling: ``rid``, ``total`` pruned rows L', ``done`` rows already in (or
-    restored into) its slot, ``slots`` it takes (its n answers), ``started`` (it holds its slots)."""
+    restored into) its slot, ``slots`` it takes (its n answers), ``started`` (it holds its slots), ``whole``: the row
+    ranges [a, b) no chunk may cut (rule 4; () for most families)."""
 
     rid: int
     total: int
     done: int = 0
     slots: int = 1
     started: bool = False
+    whole: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,8 @@ class Scheduler:
                 if p.slots > free_slots or (left < 1 and (running or chunks)):
                     break
                 free_slots -= p.slots
-            rows = max(1, int(min(p.total - p.done, left)))
-            chunks.append(PrefillChunk(p.rid, p.done, p.done + rows, p.total))
-            left -= rows
+            stop = p.done + max(1, int(min(p.total - p.done, left)))
+            stop = min(call_end(p.whole, p.done, stop, alone_last=True), p.total)
+            chunks.append(PrefillChunk(p.rid, p.done, stop, p.total))
+            left -= stop - p.done
         return StepPlan(tuple(running), tuple(chunks), budget)

@@ -71,7 +71,8 @@ class NativeSequence:
     positions: int64 [R,L], the family's native positions. image_hashes: per image, the digest of its vision
     feeds (runtime.prefix_cache.feeds_hash), extended by its decoder extras when it has any. extras: the decoder
     extras (contract v4) {graph input name: float [L,d]}, each image's ImageSpan.extras at its span, zeros at
-    text rows ({} without extras). Everything per image is a list in image order (a generate request's one image
+    text rows ({} without extras); with contract v5's bidirectional blocks also engine_dir.ATTENTION_BLOCKS: int64 [L],
+    each row's block (-1 at text rows; runtime/attention_blocks.py), gathered and fed like the extras. Everything per image is a list in image order (a generate request's one image
     is index 0).
     """
 

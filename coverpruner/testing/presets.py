@@ -12,6 +12,9 @@ Presets:
   qwen3-vl-tiny    Qwen3-VL: a 64-wide ViT (16-px patches, learned 8x8 position grid, DeepStack after blocks 0 and 1)
                    and a Qwen3 decoder (q/k norm, interleaved M-RoPE).
   qwen3-vl-2b/4b/8b  Qwen3-VL-{2B,4B,8B}-Instruct widths (shape-real, few layers).
+  gemma3-tiny      Gemma 3: a 64-wide SigLIP (336 px / 14 = 24 x 24 patches, pooled 2 x 2 to 144 soft tokens) and a
+                   Gemma 3 decoder (sliding layer 0, full layer 1, window 160, q/k norm, query_pre_attn_scalar 24).
+  gemma-3-4b/12b/27b  google/gemma-3-{4b,12b,27b}-it widths (shape-real, few layers).
 Each row names its family (registry name) and its writer ("module:function", testing/<family>_checkpoints.py),
 which turns the preset into an HF checkpoint directory; a new family adds rows here and its writer module.
 """
@@ -100,6 +103,28 @@ def _qwen3_text(hidden: int, ffn: int, layers: int, heads: int) -> dict:
                 vocab_size=151936, rope_parameters=_QWEN3_ROPE)
 
 
+_GEMMA3_WRITER = "coverpruner.testing.gemma3_checkpoints:write_gemma3_checkpoint"
+# The 4B / 12B / 27B rows are the config.json widths of google/gemma-3-{4b,12b,27b}-it (text_config + vision_config,
+# checked against copies of those files in public code); keys those files omit take transformers' Gemma3TextConfig
+# defaults (head_dim 256, query_pre_attn_scalar 256, rms_norm_eps 1e-6, vocab 262,208, max positions 131,072). Every
+# one: SigLIP-so400m/14 at 896 px (1152 wide, 27 blocks, 4304 ffn, 16 heads) pooled 4 x 4 to 256 soft tokens,
+# sliding window 1024 on five of six layers (layer 0 sliding), linear rope scaling x8 on the full layers.
+_GEMMA3_VISION = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
+                      image_size=896, patch_size=14, vision_use_head=False, layer_norm_eps=1e-6)
+_GEMMA3_PATTERN = ["sliding_attention"] * 5 + ["full_attention"]
+_GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
+def _gemma3_text(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, head_dim: int = 256,
+                 scalar: int = 256) -> dict:
+    return dict(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, head_dim=head_dim, query_pre_attn_scalar=scalar, sliding_window=1024,
+                layer_pattern=_GEMMA3_PATTERN, rope_parameters=_GEMMA3_ROPE, max_position_embeddings=131072,
+                rms_norm_eps=1e-6, vocab_size=262208, hidden_activation="gelu_pytorch_tanh",
+                final_logit_softcapping=30.0)
+
+
 PRESETS: dict[str, Preset | QwenPreset] = {
     "tiny": _TINY,
     "llava-1.5-7b": _LLAVA_7B,
@@ -166,6 +191,33 @@ PRESETS: dict[str, Preset | QwenPreset] = {
         text=_qwen3_text(4096, 12288, 36, 32), **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4,
         family="qwen3_vl", writer=_QWEN3_WRITER,
     ),
+    # 336 px / 14 = 24 x 24 patches pooled 2 x 2 to 12 x 12 = 144 soft tokens per image (crop); layer 0 sliding and
+    # layer 1 full as the real stack begins; a window of 160 rows: longer than one image block, shorter than a
+    # one-image prompt; query_pre_attn_scalar 24 != head_dim 16 (a 1/sqrt(head_dim) scaling would differ); rope as
+    # the real checkpoints (local 1e4; global 1e6 with linear scaling x8).
+    "gemma3-tiny": Preset(
+        vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=336,
+                    patch_size=14, vision_use_head=False, layer_norm_eps=1e-6),
+        text=dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24, sliding_window=160,
+                  layer_pattern=["sliding_attention", "full_attention"], rope_parameters=_GEMMA3_ROPE,
+                  max_position_embeddings=2048, rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                  final_logit_softcapping=30.0),
+        tokenizer_vocab=1000, dtype="float32", init_range=0.3,
+        # untied: with the input embedding in the residual stream a tied head repeats the last prompt token forever
+        extra=dict(mm_tokens_per_image=144, tie_word_embeddings=False),
+        family="gemma3", writer=_GEMMA3_WRITER,
+    ),
+    "gemma-3-4b": Preset(vision=_GEMMA3_VISION, text=_gemma3_text(2560, 10240, 34, 8, 4), tokenizer_vocab=1000,
+                         dtype="float16", init_range=0.02, extra=dict(mm_tokens_per_image=256, vision_layers=4),
+                         family="gemma3", writer=_GEMMA3_WRITER),
+    "gemma-3-12b": Preset(vision=_GEMMA3_VISION, text=_gemma3_text(3840, 15360, 48, 16, 8), tokenizer_vocab=1000,
+                          dtype="float16", init_range=0.02, extra=dict(mm_tokens_per_image=256, vision_layers=4),
+                          family="gemma3", writer=_GEMMA3_WRITER),
+    "gemma-3-27b": Preset(vision=_GEMMA3_VISION, text=_gemma3_text(5376, 21504, 62, 32, 16, 128, 168),
+                          tokenizer_vocab=1000, dtype="float16", init_range=0.02,
+                          extra=dict(mm_tokens_per_image=256, vision_layers=4), family="gemma3",
+                          writer=_GEMMA3_WRITER),
 }
 
 

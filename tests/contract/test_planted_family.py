@@ -10,7 +10,6 @@ own gather of the extras at the kept image rows, added by forward hooks on HF's 
 from __future__ import annotations
 
 import shutil
-import sys
 
 import numpy as np
 import pytest
@@ -22,65 +21,33 @@ PROMPT = "What is shown in this image?"
 NEW = 8
 BUDGET = 16
 LEVELS = 2  # extras enter after decoder layers 0 and 1
-PACKAGE = "planted_deepstack"
+PACKAGE = "planted_deepstack"  # its manifests name this family
 
 
 @pytest.fixture(scope="module")
 def planted(builds, tmp_path_factory):
     """(checkpoint dir with the extra heads, {form: engine dir}) exported with the planted family registered."""
-    import coverpruner.families as families
-    from coverpruner.export.exporter import ExportOptions, export_model
     from tests.contract import planted_deepstack
+    from tests.contract.planting import planted as plant
 
     root = tmp_path_factory.mktemp("planted")
-    shutil.copytree(planted_deepstack.__path__[0], root / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     checkpoint = root / "checkpoint"
     shutil.copytree(builds.checkpoint("tiny"), checkpoint)
     d = 64  # the tiny preset's hidden size (the projector's output width)
     rng = np.random.default_rng(7)
     np.save(checkpoint / "deepstack_heads.npy", (rng.standard_normal((LEVELS, d, d)) / np.sqrt(d)).astype(np.float32))
-
-    sys.path.insert(0, str(root))
-    entry = __import__(PACKAGE).FAMILY
-    saved = families.FAMILIES
-    # first in the registry, so the llava checkpoint's model_type finds the planted family (FAMILIES is a plain
-    # dict that tests may extend: families/__init__.py)
-    families.FAMILIES = {PACKAGE: entry, **saved}
-    families.get_family.cache_clear()
-    try:
-        exports = {}
-        for form in ("ort", "standard"):
-            exports[form] = root / f"export_{form}"
-            export_model(checkpoint, exports[form], "planted", ExportOptions(dtype="fp32", progress=False,
-                                                                               decoder_form=form))
+    with plant(planted_deepstack, checkpoint, root) as exports:
         yield checkpoint, exports
-    finally:
-        families.FAMILIES = saved
-        families.get_family.cache_clear()
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
-            del sys.modules[name]
 
 
 def reference(checkpoint, image, with_extras: bool = True):
     """(new token ids, kept indices): HF LLaVA with the extras added after layers 0 and 1 at the kept image rows."""
-    import transformers
-
+    from tests.contract.planting import llava_request
     from tests.families.llava import hf_reference as ref
     from tests.literal_selection import coverage_reference
 
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(checkpoint), attn_implementation="eager")
-    model.eval()
-    processor = transformers.AutoProcessor.from_pretrained(str(checkpoint))
-    inputs, text = ref.hf_inputs(processor, image, PROMPT)
-    ids = inputs["input_ids"][0]
+    model, ids, vpos, instr, feats, embeds = llava_request(checkpoint, image, PROMPT)
     image_id = model.config.image_token_id
-    vpos = torch.nonzero(ids == image_id).flatten()
-    instr = ref.instruction_positions(processor, text, PROMPT, ids, image_id)
-    feats = ref.hf_image_features(model, inputs["pixel_values"])  # [n, d]
-    with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids[None]).clone()
-    embeds[0, vpos] = feats
     relevance = ref.hf_layer0_relevance(model, embeds, vpos.numpy(), instr)
     keep = coverage_reference(feats.numpy(), relevance, BUDGET, 0.3)  # ascending candidate indices
     heads = torch.from_numpy(np.load(checkpoint / "deepstack_heads.npy"))
@@ -114,10 +81,9 @@ def reference(checkpoint, image, with_extras: bool = True):
 
 @pytest.fixture(scope="module")
 def image():
-    from PIL import Image
+    from tests.contract.planting import noise_image
 
-    rng = np.random.default_rng(3)
-    return Image.fromarray(rng.integers(0, 256, (180, 240, 3), dtype=np.uint8))
+    return noise_image()
 
 
 @pytest.fixture(scope="module")

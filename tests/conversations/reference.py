@@ -19,7 +19,9 @@ Issue 19's semantics, written from transformers' own processor, chat template an
 
 What differs between families (how transformers loads, prepares and embeds one, its position rule) comes from the
 family's test package, tests/families/<name>/conversation.py (load, processor_inputs, image_features, POSITIONS,
-and where needed native_positions, newline_rows, before_generate, single_image_reference): every family folder of
+and where needed native_positions, newline_rows, before_generate, single_image_reference, expanded_text (a placeholder
+the processor expands into text and image tokens), prefill_kwargs (further arguments of the pruned prefill: token
+types for block masks)): every family folder of
 the test matrix is a conversation family, so a new family joins these tests by existing (and fails them until its
 conversation.py exists). Nothing here names a family.
 """
@@ -222,6 +224,21 @@ def image_features(fam: HFFamily, inputs: dict) -> list[torch.Tensor]:
     return list(fam.hooks.image_features(fam.model, inputs))
 
 
+def _expanded_text_index(fam: HFFamily, text: str, images: list, ids: list[int], message_spans):
+    """For a family whose image placeholder the processor replaces by text and image tokens (its hook
+    expanded_text: Gemma 3): tokenize the processor's expanded text alone with offsets (checked to be the
+    processor's ids) and move each message's text spans into it -> (offsets, identity map, ids, spans)."""
+    expanded, edits = fam.hooks.expanded_text(fam.processor, text, images)
+    enc = fam.processor.tokenizer(expanded, add_special_tokens=False, return_offsets_mapping=True)
+    assert enc["input_ids"] == ids, "the processor's ids are not its expanded text's tokens"
+
+    def moved(a: int, b: int) -> tuple[int, int]:
+        d = sum(new - old for at, old, new in edits if at < a)
+        return a + d, b + d
+    spans = [[moved(a, b) for a, b in msg] for msg in message_spans]
+    return enc["offset_mapping"], list(range(len(ids))), ids, spans
+
+
 def native(fam: HFFamily, messages: list[dict]) -> Native:
     hf_messages, images = normalize(messages)
     text, message_spans = render(fam, hf_messages)
@@ -229,7 +246,10 @@ def native(fam: HFFamily, messages: list[dict]) -> Native:
     ids = inputs["input_ids"][0]
     runs = _image_runs(ids.tolist(), fam.image_token_id)
     assert len(runs) == len(images), f"{len(runs)} image spans for {len(images)} images"
-    offsets, where, raw = _expanded_index(fam, text, runs, ids.tolist())
+    if getattr(fam.hooks, "expanded_text", None) is not None:
+        offsets, where, raw, message_spans = _expanded_text_index(fam, text, images, ids.tolist(), message_spans)
+    else:
+        offsets, where, raw = _expanded_index(fam, text, runs, ids.tolist())
 
     image_message = [i for i, msg in enumerate(hf_messages) for part in msg["content"] if part["type"] == "image"]
     instr_turn = [_overlapping(offsets, where, raw, fam.image_token_id, message_spans[i]) for i in image_message]
@@ -329,10 +349,12 @@ def _model_positions(positions: torch.Tensor) -> torch.Tensor:
 
 
 def greedy(fam: HFFamily, embeds: torch.Tensor, positions: torch.Tensor, steps: int, mask=None,
-           next_position: int | None = None, deepstack=None) -> list[int]:
+           next_position: int | None = None, deepstack=None, prefill: dict | None = None) -> list[int]:
     """Greedy loop on the HF model: prefill embeds [1, L', d] at positions [R, L'] (R = 1 or 3), then the t-th new
     token at next_position + t (all rows). Stops after `steps` tokens or at EOS (included). deepstack: (visual mask
-    bool [1, L'], levels [k, d] each) for a family with DeepStack, run through its `greedy_deepstack` hook."""
+    bool [1, L'], levels [k, d] each) for a family with DeepStack, run through its `greedy_deepstack` hook.
+    prefill: further keyword arguments of the prefill call only (the family's prefill_kwargs hook: Gemma 3's
+    token_type_ids, from which transformers builds the kept image rows' block mask)."""
     if deepstack is not None:
         start = int(positions.max()) + 1 if next_position is None else next_position
         return fam.hooks.greedy_deepstack(fam.model, embeds, _model_positions(positions), mask, deepstack, steps,
@@ -344,7 +366,7 @@ def greedy(fam: HFFamily, embeds: torch.Tensor, positions: torch.Tensor, steps: 
     out = []
     with torch.no_grad():
         res = model(inputs_embeds=embeds, position_ids=_model_positions(positions), attention_mask=mask,
-                    use_cache=True)
+                    use_cache=True, **(prefill or {}))
         for t in range(steps):
             tok = int(res.logits[0, -1].argmax())
             out.append(tok)
@@ -380,8 +402,10 @@ def chat(fam: HFFamily, messages: list[dict], budget="full", method: str = "cove
     sel = select(fam, nat, budget, method, demand, tau, newline_policy)
     rows = pruned_rows(nat, sel)
     positions, start = pruned_positions(fam, nat, rows)
+    hook = getattr(fam.hooks, "prefill_kwargs", None)  # e.g. the pruned rows' token types (block masks)
     tokens = greedy(fam, nat.embeds[:, torch.from_numpy(rows)], positions, max_new_tokens, next_position=start,
-                    deepstack=_deepstack(nat, rows, sel.rows))
+                    deepstack=_deepstack(nat, rows, sel.rows),
+                    prefill=hook(fam.model, nat.ids[torch.from_numpy(rows)]) if hook else None)
     return Answer(tokens, sel, rows)
 
 

@@ -58,6 +58,8 @@ def test_span_rows_per_image(hf_family, fam_name):
         tile = nat.inputs["pixel_values"].shape[-1]
         want = [proc._get_number_of_features(h, w, tile, tile) - 1 for w, h in SIZES]  # -1: "default" drops CLS
         assert sizes == want and len(set(sizes)) > 1
+    elif fam_name == "gemma3":  # a fixed number of soft tokens per image (pan-and-scan off)
+        assert sizes == [fam.processor.image_seq_length] * 3 == [fam.model.config.mm_tokens_per_image] * 3
     else:
         merge = fam.processor.image_processor.merge_size
         assert sizes == [int(g.prod()) // merge ** 2 for g in nat.inputs["image_grid_thw"]] and len(set(sizes)) > 1

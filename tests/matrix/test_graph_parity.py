@@ -49,6 +49,8 @@ def test_decoder_matches_hf(family, request, decoder_case):
         feed = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
         for name, rows in (case.extras or {}).items():  # decoder extras: their rows at prefill, zeros after
             feed[name] = rows if step == 0 else np.zeros((batch, 1, rows.shape[-1]), rows.dtype)
+        if case.blocks is not None:  # contract v5: the prefill rows' blocks; a decode row is text
+            feed["attention_blocks"] = case.blocks if step == 0 else np.full((batch, 1), -1, np.int64)
         feed.update({f"past_key_values.{i // 2}.{'value' if i % 2 else 'key'}": p for i, p in enumerate(past)})
         logits, *past = sess.run(None, feed)
         want = case.hf_logits(step, tokens[-1] if step else None)

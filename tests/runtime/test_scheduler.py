@@ -43,3 +43,16 @@ def test_no_budget_prefills_whole_and_the_budget_must_fit_a_batch():
     assert StepPlan().empty and not plan.empty
     with pytest.raises(ValueError, match="max_step_tokens must be an integer >= the max batch"):
         Scheduler(4, 8)
+
+
+def test_chunks_never_cut_a_whole_range():
+    """Contract v5's blocks: a chunk ends before a range one call must hold (its last row runs alone in the decode
+    call, so not at the range's last row either), or, when that leaves nothing, after it, over the budget."""
+    whole = ((10, 30), (31, 35))
+    sched, done, chunks = Scheduler(8, 2), 0, []
+    while done < 40:
+        (chunk,) = sched.plan([(0, 0)], [Pending(3, 40, done, started=done > 0, whole=whole)],
+                              free_slots=1 if done else 2).prefills
+        chunks.append((chunk.start, chunk.stop))
+        done = chunk.stop
+    assert chunks == [(0, 7), (7, 10), (10, 31), (31, 38), (38, 40)]

@@ -10,7 +10,10 @@ type: f32, or f16 for precision "fp16"):
            rotary_row [B, S] i64 (row of each token's rotation in rotary_cos),
            past_key_values.N.key/value [B, kvH, C, D] F (shared with present: in-place update),
            then one [B, S, hidden] F input per decoder extra (contract v4: e.g. visual_extra.0; zeros where a row
-           has none, so decode steps feed zeros)
+           has none, so decode steps feed zeros),
+           then (contract v5) rotary_cos.k / rotary_sin.k [R, D/2] F per further rotary table (rotary
+           "tables", "layer_tables": Gemma 3's local layers) and, with bidirectional blocks, one additive mask
+           attention_bias[.W] [B, 1, S, T] F per distinct window (T = total_sequence_length)
   outputs  logits [B, 1, V] F (last position only), present.N.key/value [B, kvH, C, D]
 Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
 GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
@@ -19,6 +22,13 @@ The q/k-norm attention variant (layer weights with q_norm / k_norm) runs separat
 RMSNormalization of Q and K before GQA (whose rotary comes after, as HF's Qwen3 attention). A decoder extra
 entering after layer i is added to that layer's MLP output before the residual add that the next norm fuses
 (HF adds it to the sum: the two orders differ by fp32 rounding only).
+Contract v5 (attention): a sliding-window layer without blocks is GroupQueryAttention with local_window_size W - 1
+(it attends to itself and W - 1 keys before, transformers' key > query - W); with bidirectional blocks every layer is
+GroupQueryAttention with causal=0 and its window's attention_bias (the host builds causal, window and blocks into it:
+engines/attention_inputs.py), since GroupQueryAttention's causal mask cannot be lifted for a block's later rows.
+Gemma's layer layout (DecoderLayerWeights.attn_out_norm / mlp_out_norm): the attention and MLP outputs are
+RMS-normalized before their residual adds; DecoderWeights.activation "gelu_tanh" is ONNX Gelu(approximate="tanh");
+DecoderWeights.scale is GroupQueryAttention's scale.
 """
 
 from __future__ import annotations
@@ -28,6 +38,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from coverpruner.engine_dir import attention_bias_name, rotary_names
 
 OPSET = [helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft", 1)]
 #: "fp32": float32 throughout; "fp16": float16 weights, activations, rotary tables, KV cache and logits (the form
@@ -82,10 +94,11 @@ def quantize_4bit(weight_t: np.ndarray, block_size: int) -> tuple[np.ndarray, np
 
 
 def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", block_size: int = 32,
-                      accuracy_level: int = 4, extras=()) -> Path:
+                      accuracy_level: int = 4, extras=(), attention=None) -> Path:
     """Write `output` (.onnx + .onnx.data) from `weights` (contract.DecoderWeights) in ORT form; returns its path.
 
     extras: the family's decoder extras (contract.DecoderExtra: input name, after_layer), each an extra graph input.
+    attention: the contract.AttentionSpec (v5: sliding windows, bidirectional prefill blocks); None: causal.
     precision "int4": every linear (lm_head included) is MatMulNBits, 4 bits, symmetric, `block_size` along K,
     activations quantized to int8 inside the kernel (accuracy_level 4), as onnxruntime-genai's CPU default.
     ValueError (one line) for a precision it does not write or an int4 width not divisible by `block_size`.
@@ -137,6 +150,18 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
                              f"{c['layers']} layers")
         after.setdefault(extra.after_layer, []).append(extra.name)
     heads_shape = {}
+    windows = tuple(attention.windows) if attention is not None and attention.windows else (None,) * c["layers"]
+    if len(windows) != c["layers"]:
+        raise ValueError(f"attention windows name {len(windows)} layers; the decoder has {c['layers']}")
+    blocks = attention is not None and attention.blocks
+    tables = weights.rotary.get("layer_tables") or [0] * c["layers"]
+    if weights.activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"activation {weights.activation!r} has no ORT-form MLP (silu, gelu_tanh)")
+
+    def rms(x: str, scale: np.ndarray, name: str) -> str:
+        """RMSNorm of x over its last axis, times scale (float32 statistics, as HF's norms)."""
+        return node("RMSNormalization", [x, init(f"{name}.weight", scale)], [f"{name}/out"], axis=-1,
+                    epsilon=eps, stash_type=1)[0]
 
     def head_norm(x: str, scale: np.ndarray, name: str) -> str:
         """Per-head RMSNorm of x [B, S, heads*D] over each head's D values (the q/k-norm variant)."""
@@ -170,22 +195,38 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
             q = head_norm(linear(h, lw.q, f"layers.{i}.q_proj", lw.q_bias), lw.q_norm, f"layers.{i}.q_norm")
             k = head_norm(linear(h, lw.k, f"layers.{i}.k_proj", lw.k_bias), lw.k_norm, f"layers.{i}.k_norm")
             qkv = [q, k, linear(h, lw.v, f"layers.{i}.v_proj", lw.v_bias)]
+        cos, sin = rotary_names(tables[i])
+        mask = {}
+        if blocks:  # the host's mask holds causal, window and blocks: GroupQueryAttention's own causal mask is off
+            mask = {"causal": 0}
+        elif windows[i] is not None:
+            mask = {"local_window_size": int(windows[i]) - 1}  # itself + W - 1 keys before: key > query - W
+        if weights.scale is not None:
+            mask["scale"] = float(weights.scale)
         attn = node("GroupQueryAttention",
                     [*qkv, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
-                     "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row"],
+                     "total_sequence_length", cos, sin, "rotary_row",
+                     *([attention_bias_name(windows[i])] if blocks else [])],
                     [f"l{i}/attn", f"present.{i}.key", f"present.{i}.value"], domain="com.microsoft",
-                    num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0)[0]
+                    num_heads=nh, kv_num_heads=kvh, do_rotary=1, rotary_interleaved=0, **mask)[0]
         o = linear(attn, lw.o, f"layers.{i}.o_proj")
+        if lw.attn_out_norm is not None:  # Gemma: the attention output is normalized before its residual add
+            o = rms(o, lw.attn_out_norm, f"layers.{i}.post_attention_norm")
         ln2 = init(f"layers.{i}.post_attention_layernorm", lw.post_norm)
         h2, _, _, residual = node("SkipSimplifiedLayerNormalization", [o, residual, ln2],
                                   [f"l{i}/ln_post", f"l{i}/ln_post_mean", f"l{i}/ln_post_inv", f"l{i}/resid_mid"],
                                   domain="com.microsoft", epsilon=eps)
         gate = linear(h2, lw.gate, f"layers.{i}.gate_proj")
         up = linear(h2, lw.up, f"layers.{i}.up_proj")
-        sig = node("Sigmoid", [gate], [f"l{i}/gate_sigmoid"])[0]
-        act = node("Mul", [gate, sig], [f"l{i}/silu"])[0]
-        prod = node("Mul", [act, up], [f"l{i}/silu_up"])[0]
+        if weights.activation == "gelu_tanh":
+            act = node("Gelu", [gate], [f"l{i}/gelu"], approximate="tanh")[0]
+        else:
+            sig = node("Sigmoid", [gate], [f"l{i}/gate_sigmoid"])[0]
+            act = node("Mul", [gate, sig], [f"l{i}/silu"])[0]
+        prod = node("Mul", [act, up], [f"l{i}/act_up"])[0]
         x = linear(prod, lw.down, f"layers.{i}.down_proj")
+        if lw.mlp_out_norm is not None:  # Gemma: the MLP output is normalized before its residual add
+            x = rms(x, lw.mlp_out_norm, f"layers.{i}.post_feedforward_norm")
         for name in after.get(i, ()):  # hidden = residual + x (+ extra): the next norm's skip input adds it
             x = node("Add", [x, name], [f"l{i}/plus_{name}"])[0]
     # Last position first: norm and lm_head run on one row per batch entry (prefill S rows -> 1).
@@ -211,6 +252,11 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", ft, kv_shape))
             outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", ft, kv_shape))
     inputs += [helper.make_tensor_value_info(e.name, ft, ["batch", "sequence", H]) for e in extras]
+    for table in sorted(set(tables) - {0}):
+        inputs += [helper.make_tensor_value_info(name, ft, ["rotary_rows", D // 2]) for name in rotary_names(table)]
+    if blocks:
+        inputs += [helper.make_tensor_value_info(attention_bias_name(w), ft, ["batch", 1, "sequence", "total"])
+                   for w in dict.fromkeys(windows)]
     graph = helper.make_graph(nodes, "decoder_ortform", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
     data.file.close()
@@ -231,4 +277,5 @@ def build_from_checkpoint(checkpoint: str | Path, output: str | Path, precision:
     config = AutoConfig.from_pretrained(str(checkpoint))
     family = family_for_model_type(config.model_type)
     weights = family.decoder_weights(family.load_model(Path(checkpoint), "float32"))
-    return build_ort_decoder(weights, output, precision, block_size, extras=family.decoder_spec(config).extras)
+    spec = family.decoder_spec(config)
+    return build_ort_decoder(weights, output, precision, block_size, extras=spec.extras, attention=spec.attention)
