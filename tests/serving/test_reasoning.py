@@ -38,6 +38,16 @@ def thinking(builds, tmp_path_factory, demo_png):
                user_message(data_url(demo_png), "What is shown?"))
 
 
+def _streamed(client, **kw) -> tuple[str, str]:
+    """(reasoning_content, content) of a streamed chat completion, each its deltas joined."""
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+    return "".join(reasoning), "".join(content)
+
+
 def test_reasoning_content_is_the_text_before_think_close(thinking):
     client, pipe, close, messages = thinking
     bias = {str(close): 3.0}
@@ -53,13 +63,8 @@ def test_reasoning_content_is_the_text_before_think_close(thinking):
     assert (m.model_extra["reasoning_content"], m.content) == (want_reasoning, want_content)
     assert r.usage.completion_tokens == 40 or r.choices[0].finish_reason == "stop"  # max_tokens counts both
 
-    reasoning, content = [], []
-    for chunk in client.chat.completions.create(model="tiny", messages=messages, max_tokens=40, logit_bias=bias,
-                                                stream=True, extra_body={"budget": 8}):
-        for choice in chunk.choices:
-            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
-            content.append(choice.delta.content or "")
-    assert ("".join(reasoning), "".join(content)) == (want_reasoning, want_content)
+    assert _streamed(client, model="tiny", messages=messages, max_tokens=40, logit_bias=bias,
+                     extra_body={"budget": 8}) == (want_reasoning, want_content)
 
     resp = client.responses.create(model="tiny", input=[{"role": "user", "content": [
         {"type": "input_image", "image_url": messages[0]["content"][0]["image_url"]["url"]},
@@ -102,12 +107,7 @@ def test_full_budget_split_equals_transformers_generate(thinking, builds, demo_p
               extra_body={"budget": "full"})
     m = client.chat.completions.create(**kw).choices[0].message
     assert (m.model_extra["reasoning_content"], m.content) == want
-    reasoning, content = [], []
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        for choice in chunk.choices:
-            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
-            content.append(choice.delta.content or "")
-    assert ("".join(reasoning), "".join(content)) == want
+    assert _streamed(client, **kw) == want
 
 
 def test_a_later_turn_renders_the_reasoning(thinking):
