@@ -23,6 +23,10 @@ own stream and are waited for before ORT runs (ORT's Run synchronises its own st
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import sys
+
 import numpy as np
 import onnxruntime as ort
 
@@ -30,6 +34,25 @@ import onnxruntime as ort
 LANES = 2
 #: the ORT-form decoder's rotary inputs (a further rotary base's are engine_dir.rotary_names(k))
 ROTARY = ("rotary_cos", "rotary_sin")
+
+
+#: madvise advice that faults pages in writable without changing their contents (Linux >= 5.14)
+_MADV_POPULATE_WRITE = 23
+_populate_ok = sys.platform == "linux"
+
+
+def _populate(address: int, length: int) -> None:
+    """Fault the pages of [address, address + length) in now (their bytes unchanged); a no-op where the kernel
+    cannot (other systems, Linux < 5.14): those pages then fault at their first write, as before."""
+    global _populate_ok
+    if not _populate_ok or length <= 0:
+        return
+    page = mmap.PAGESIZE
+    start = address - address % page
+    end = -(-(address + length) // page) * page
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE) != 0:
+        _populate_ok = False
 
 
 class HostKV:
@@ -75,6 +98,19 @@ class HostKV:
         for pair in self.kv:
             for a in pair:
                 a[dst, :, :n] = a[src, :, :n]
+
+    def prefault(self, slot: int, n: int) -> None:
+        """Fault in the pages of slot's first n tokens (contents unchanged; safe while another thread uses the slot).
+        The buffers are np.zeros: their pages are mapped at their first write, and a first write into a never-used
+        slot (a staged request's rows moved there when it joins) cost the engine's step 180-235 ms of page faults
+        at LLaVA-7B widths (benchmarks/bench_serve.py --interleave); this moves that cost to the caller's thread
+        (the admission worker), once per slot and range."""
+        span = n * self.hd * self.dtype.itemsize
+        for pair in self.kv:
+            for buf in pair:
+                base = buf.ctypes.data + slot * buf.strides[0]
+                for h in range(self.h):
+                    _populate(base + h * buf.strides[1], span)
 
     def read(self, slot: int, n: int, start: int = 0) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """Copies of slot's tokens start..start+n-1: (keys, values), per layer [1, H_kv, n, hd]."""
@@ -148,6 +184,9 @@ class CudaKV:
     def _copy(self, dst: int, dst_pitch: int, src: int, src_pitch: int, n: int, kind: str) -> None:
         """H_kv runs of n tokens (n*hd values each)."""
         self._cudart.copy_2d(dst, dst_pitch, src, src_pitch, n * self.hd * self.item, self.h, kind, self.stream)
+
+    def prefault(self, slot: int, n: int) -> None:
+        """Nothing to do: device memory is committed when it is allocated."""
 
     def copy_slot(self, src: int, dst: int, n: int) -> None:
         pitch = self.capacity * self.hd * self.item

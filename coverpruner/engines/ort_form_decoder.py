@@ -354,6 +354,15 @@ class BatchDecoder:
         """Host copies of the staged slot's rows start..stop-1 (as ``read``), from the staging thread."""
         return self._slots.read(self._staged, start, stop)
 
+    def prefault_join(self) -> None:
+        """From the staging thread once its rows are in: fault in the pages ``join_staged`` will copy them into (the
+        slot after the active ones now), so the engine's step does not pay for them (kv_buffers.HostKV.prefault;
+        if the batch changes before the join, that step faults what differs, as it would have anyway)."""
+        with self._lock:
+            src, dst = self._staged, len(self._order)
+        if src is not None and src != dst:
+            self._slots.buffers.prefault(dst, int(self._slots.lengths[src]))
+
     def join_staged(self, reserve: int = 0) -> int:
         """The staged request joins the active slots (its rows moved next to them unless the batch is now full and
         it is there already) and ``reserve`` slots are promised to its forks -> its handle. From the stepping thread,

@@ -358,6 +358,7 @@ class Engine:
                 job.done = stop
             if job.chain is not None:  # its prompt's blocks, shared from here, copied on this thread
                 self.cache.insert(job.chain, job.done, self.slots.stage_read, job.blocks)
+            self.slots.prefault_join()
             job.staged = True
         except BaseException:
             if reserved:

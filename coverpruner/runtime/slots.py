@@ -123,6 +123,10 @@ class BatchSlots:
     def stage_read(self, start: int, stop: int) -> tuple[tuple, tuple]:
         return self.decoder.stage_read(start, stop)
 
+    def prefault_join(self) -> None:
+        """The staging thread, its rows in: fault in the memory the join writes (BatchDecoder.prefault_join)."""
+        self.decoder.prefault_join()
+
     def join_staged(self, reserve: int = 0) -> int:
         return self.decoder.join_staged(reserve)
 
