@@ -288,6 +288,24 @@ class GrammarCompiler:
         self.check_spelling(schema_literals(schema), param)
         return self._cached(kind, text, param)
 
+    def warm(self) -> bool:
+        """Pay structured output's first-use costs now, at a server's start, not in the first request that asks for
+        it: the import of llguidance (a 7.7 MB extension: its load holds the GIL, and a cold one held /health
+        0.26 s during the first schema request of a quiet run), this tokenizer's bridge, the mask threads and the
+        json_object grammar (into the cache). False when llguidance is not installed (response_format is then
+        refused per request, as before)."""
+        try:
+            import llguidance  # noqa: F401
+            import llguidance.numpy  # noqa: F401
+        except ImportError:
+            return False
+        try:
+            self.compile({"type": "json_object"})
+        except OptionError:  # a vocabulary llguidance cannot take: each request that asks gets this refusal
+            pass
+        _mask_pool()
+        return True
+
     def compile_lark(self, text: str, param: str = _PARAM) -> Grammar:
         """An llguidance lark grammar (runtime/tool_calls.py writes them: tool calls, a schema after the
         reasoning) -> its checked Grammar, cached as compile's; OptionError naming ``param`` as compile's."""
@@ -506,15 +524,20 @@ def _fill(matchers: list[GrammarMatcher], bits: np.ndarray, costs: list) -> None
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:
     """Start computing the next token's mask of every matcher (all over one tokenizer) in the background thread;
     None for none."""
-    global _pool
     if not matchers:
         return None
     from llguidance.numpy import allocate_token_bitmask
 
-    with _bridges_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
     v = matchers[0].grammar.vocab_size
     bits = allocate_token_bitmask(len(matchers), v)
     costs = [0.0] * len(matchers)
-    return PendingMasks(_pool.submit(_fill, matchers, bits, costs), bits, costs, matchers, v)
+    return PendingMasks(_mask_pool().submit(_fill, matchers, bits, costs), bits, costs, matchers, v)
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    """The background thread of start_masks (created on first use)."""
+    global _pool
+    with _bridges_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return _pool

@@ -27,7 +27,9 @@ class Case:
     """One hostile request. expect: "4xx" (an OpenAI error body, status 400-499), "ok" (200), "any" (either is a
     handled answer: what hardening 2 already held, where the refusal or the answer both are correct); param: the
     error's param when it must name one; greedy: a 200 whose answer must equal the same body at temperature 0;
-    neighbour: run beside a long greedy request in the same batch, whose answer must not change."""
+    neighbour: run beside a long greedy request in the same batch, whose answer must not change. tags: "finding"
+    (one of the issue's findings: in CI, tests/serving/test_hostile_clients.py, with a streamed twin), "ci" (in CI
+    too: a case the benchmark once missed), "big" (a body of tens of MB: no streamed twin)."""
 
     name: str
     make: Callable[[], bytes]
@@ -252,8 +254,10 @@ def _completions() -> list[Case]:
 def _responses() -> list[Case]:
     base = {"model": "tiny", "max_output_tokens": 4}
     return [
+        # held in the issue's run; /health 0.15 s in this catalogue's first quiet run (parsed in one C call, then
+        # translated on the event loop): in CI since ("ci")
         Case("responses 100,000 input items", _json(lambda: {**base, "input": [
-            {"role": "user", "content": "hi"}] * 100_000}), "/v1/responses"),
+            {"role": "user", "content": "hi"}] * 100_000}), "/v1/responses", param="input", tags=("ci",)),
         Case("responses 40 MB instructions", _json(lambda: {**base, "input": "hi", "instructions": "x" * 40_000_000}),
              "/v1/responses"),
         Case("responses tools", _json({**base, "input": "hi", "tools": [{"type": "function", "name": "f"}]}),
