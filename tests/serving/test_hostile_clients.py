@@ -168,6 +168,26 @@ def test_failures_in_a_batch_fail_only_their_request(url, monkeypatch):
     assert answer_texts(h_data) == greedy * 2  # temperature 1e-310, n 2: both answers greedy
 
 
+def test_a_costly_grammar_beside_a_neighbour_leaves_it_unchanged(url):
+    """A json_schema const of 10 KB (each mask ~2-4 ms of CPU, several times a tiny model's step) beside the long
+    greedy neighbour: answered or cut by its mask budget (400 grammar_too_complex), and the neighbour's answer is the
+    one it gives alone, within 2x of its time alone (the budget grants a grammar MASK_STEP_FACTOR of each step's
+    CPU time: a mask competing for a busy machine's cores no longer widens its own allowance)."""
+    alone = [post(url, NEIGHBOUR, timeout=120) for _ in range(2)]
+    want, alone_s = answer_texts(alone[0][1]), min(a[2] for a in alone)
+    for attempt in range(2):
+        const = "ab c" * 2500 + "x" * attempt  # a schema not compiled before: its admission is measured too
+        body = chat(max_tokens=64, response_format={"type": "json_schema", "json_schema": {
+            "name": "c", "schema": {"const": const}}})
+        load = stretch()
+        (n_status, n_data, n_seconds), (h_status, h_data, _) = _beside(url, body)
+        assert n_status == 200 and answer_texts(n_data) == want, n_data
+        assert h_status == 200 or (h_status, h_data["error"]["code"]) == (400, "grammar_too_complex"), h_data
+        if n_seconds <= 2 * alone_s * load:
+            break
+    assert n_seconds <= 2 * alone_s * load, (n_seconds, alone_s, load)
+
+
 def test_prompt_lists_are_admitted_whole_or_not_at_all(url):
     """A list longer than the server admits at once: 400 naming prompt at once; one that fits only when nothing
     else runs: 503 with nothing of it admitted while a request runs, then answered whole; the server normal
