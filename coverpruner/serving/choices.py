@@ -15,6 +15,7 @@ mark as a space) and its string their UTF-8 decoding; a token that holds part of
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
@@ -118,7 +119,6 @@ class TokenText:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text, list(raw)
 
-
     def _json(self, tid: int) -> tuple[str, str]:
         """(string, bytes) of ``of(tid)`` as compact JSON texts (chat_logprobs_json)."""
         token, raw = self.of(tid)
@@ -136,13 +136,10 @@ def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
                         for e in entries], "refusal": None}
 
 
-_INF = float("inf")
-
-
 def _number(x: float) -> str:
     """A float as json.dumps writes it (float.__repr__); ValueError for NaN / infinity, as its allow_nan=False."""
     x = float(x)
-    if x != x or x in (_INF, -_INF):
+    if not math.isfinite(x):
         raise ValueError(f"Out of range float values are not JSON compliant: {x!r}")
     return float.__repr__(x)
 
