@@ -176,7 +176,7 @@ def test_a_costly_grammar_beside_a_neighbour_leaves_it_unchanged(url):
     alone = [post(url, NEIGHBOUR, timeout=120) for _ in range(2)]
     want, alone_s = answer_texts(alone[0][1]), min(a[2] for a in alone)
     for attempt in range(2):
-        const = "ab c" * 2500 + "x" * attempt  # a schema not compiled before: its admission is measured too
+        const = "ab c" * 2500 + "x" * (attempt + 1)  # a schema not compiled before: its admission is measured too
         body = chat(max_tokens=64, response_format={"type": "json_schema", "json_schema": {
             "name": "c", "schema": {"const": const}}})
         load = stretch()
