@@ -23,9 +23,12 @@ What a client can make a grammar cost is bounded (issue 40), each limit checked 
   grammar's matcher and times its first mask: a schema that admits no document ({"$ref": "#"}, $ref cycles: the
   matcher fails at once) or whose first mask takes more than FIRST_MASK_S is refused at admission;
 - per token: each answer's matcher is a copy of the compiled one and carries a MaskBudget (CPU seconds of its masks and
-  tokens against MASK_START_S + max(MASK_FLOOR_S, the step's time) per token); over it, or at one of llguidance's
-  own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex" (400), raised where the
-  engine reads its mask, so its neighbours in the batch go on.
+  tokens against MASK_START_S + max(MASK_FLOOR_S, MASK_STEP_FACTOR x the step's own CPU time) per token); over it, or
+  at one of llguidance's own limits mid-answer, that answer alone fails with OptionError code "grammar_too_complex"
+  (400), raised where the engine reads its mask, so its neighbours in the batch go on. A mask runs beside its step's
+  decoder call, but on a machine whose cores are all busy its CPU time is the step's too: the budget bounds what it
+  adds to a neighbour's step to MASK_STEP_FACTOR of it (a neighbour's answer takes at most 1 + MASK_STEP_FACTOR
+  times its time alone, plus MASK_START_S per constrained request beside it).
 
 llguidance is the ``serve`` extra's dependency, imported here lazily: without it a response_format is refused in one
 line and everything else works.
@@ -69,8 +72,14 @@ FIRST_MASK_S = 0.050
 #: the first mask already built, so this is room for the states its own answer reaches
 MASK_START_S = 0.020
 #: CPU seconds per token a grammar may always spend on masks and tokens, whatever the decoder's speed (MaskBudget:
-#: the allowance per token is the larger of this and the step's own time; a tiny test model's step is ~0.4 ms)
+#: the allowance per token is the larger of this and MASK_STEP_FACTOR x the step's CPU time; a tiny test model's
+#: step is ~0.4 ms)
 MASK_FLOOR_S = 0.00025
+#: a grammar's masks may cost this fraction of the CPU time of the steps they run beside (MaskBudget.grant).
+#: Issue 40: the allowance was the step's wall time, which a mask competing for the cores stretches itself: a 10 KB
+#: const's ~3 ms masks stretched a 0.5 ms step to 5 ms, were always within that, and its neighbour took 2.3x its
+#: time alone; counted in CPU time of the engine's thread, a busy machine stretches neither side
+MASK_STEP_FACTOR = 0.5
 #: the lexer states one grammar may build (llguidance's default 250,000 at ~1-2 KB each: up to ~0.5 GB)
 MAX_LEXER_STATES = 65_536
 #: Earley items one mask may create (llguidance's default 50,000): a JSON schema's step uses hundreds; a schema that
@@ -288,6 +297,24 @@ class GrammarCompiler:
         self.check_spelling(schema_literals(schema), param)
         return self._cached(kind, text, param)
 
+    def warm(self) -> bool:
+        """Pay structured output's first-use costs now, at a server's start, not in the first request that asks for
+        it: the import of llguidance (a 7.7 MB extension: its load holds the GIL, and a cold one held /health
+        0.26 s during the first schema request of a quiet run), this tokenizer's bridge, the mask threads and the
+        json_object grammar (into the cache). False when llguidance is not installed (response_format is then
+        refused per request, as before)."""
+        try:
+            import llguidance  # noqa: F401
+            import llguidance.numpy  # noqa: F401
+        except ImportError:
+            return False
+        try:
+            self.compile({"type": "json_object"})
+        except OptionError:  # a vocabulary llguidance cannot take: each request that asks gets this refusal
+            pass
+        _mask_pool()
+        return True
+
     def compile_lark(self, text: str, param: str = _PARAM) -> Grammar:
         """An llguidance lark grammar (runtime/tool_calls.py writes them: tool calls, a schema after the
         reasoning) -> its checked Grammar, cached as compile's; OptionError naming ``param`` as compile's."""
@@ -422,10 +449,10 @@ class GrammarMatcher:
 
 class MaskBudget:
     """The CPU time one answer's grammar may spend (its masks and tokens): MASK_START_S at the start, plus
-    max(MASK_FLOOR_S, the step's own time) per token. Its masks run beside the decoder call of their step
-    (start_masks), so a mask no slower than that call delays nobody; a grammar over budget is cut (OptionError,
-    code grammar_too_complex) for its own request alone, and until then it has added at most MASK_START_S +
-    MASK_FLOOR_S per token to its neighbours' steps."""
+    max(MASK_FLOOR_S, MASK_STEP_FACTOR x the step's own CPU time) per token. Its masks run beside the decoder call
+    of their step (start_masks); a grammar over budget is cut (OptionError, code grammar_too_complex) for its own
+    request alone, and until then it has added at most MASK_START_S plus MASK_STEP_FACTOR of each step (or
+    MASK_FLOOR_S) to its neighbours' steps, even where the cores are all busy."""
 
     def __init__(self):
         self.spent, self.allowed = 0.0, MASK_START_S
@@ -433,30 +460,33 @@ class MaskBudget:
     def spend(self, seconds: float) -> None:
         self.spent += seconds
 
-    def grant(self, step_s: float) -> None:
-        self.allowed += max(MASK_FLOOR_S, step_s)
+    def grant(self, step_cpu_s: float) -> None:
+        self.allowed += max(MASK_FLOOR_S, MASK_STEP_FACTOR * step_cpu_s)
 
     def check(self) -> None:
         if self.spent > self.allowed:
             raise OptionError(f"{_PARAM}: the grammar's token masks took {self.spent * 1e3:.0f} ms of CPU, over its "
                               f"budget of {self.allowed * 1e3:.0f} ms ({MASK_START_S * 1e3:.0f} ms plus the larger "
-                              f"of {MASK_FLOOR_S * 1e3:g} ms and the decoder step per token): generation stopped "
+                              f"of {MASK_FLOOR_S * 1e3:g} ms and {MASK_STEP_FACTOR:g} x the decoder step's CPU time "
+                              "per token): generation stopped "
                               "(a very long const, enum or pattern?)", param=_PARAM, code=TOO_COMPLEX)
 
 
 class PendingMasks:
     """The masks of one step, being computed: ``allowed(i)`` -> bool [V] of the i-th matcher given to start, or
-    OptionError for that matcher alone (its grammar hit a limit, or its budget is spent)."""
+    OptionError for that matcher alone (its grammar hit a limit, or its budget is spent). Made and read by the
+    engine's thread: the CPU time that thread spends between the two (the step's decoder call, which ONNX Runtime
+    runs on the calling thread with its other intra-op threads) is what each budget is granted from."""
 
     def __init__(self, future, bits: np.ndarray, costs: list, matchers: list, vocab_size: int):
         self._future, self._bits, self._costs, self._matchers, self._v = future, bits, costs, matchers, vocab_size
-        self._t0 = time.perf_counter()
+        self._c0 = time.thread_time()
         self._step_s = None
         self._allowed = None
 
     def allowed(self, i: int) -> np.ndarray:
         if self._allowed is None:
-            self._step_s = time.perf_counter() - self._t0  # the decoder call these masks ran beside
+            self._step_s = time.thread_time() - self._c0  # the CPU time of the step these masks ran beside
             self._future.result()
             self._allowed = np.unpackbits(self._bits.view(np.uint8), axis=1, bitorder="little")[:, :self._v] \
                 .astype(bool)
@@ -506,15 +536,20 @@ def _fill(matchers: list[GrammarMatcher], bits: np.ndarray, costs: list) -> None
 def start_masks(matchers: list[GrammarMatcher]) -> PendingMasks | None:
     """Start computing the next token's mask of every matcher (all over one tokenizer) in the background thread;
     None for none."""
-    global _pool
     if not matchers:
         return None
     from llguidance.numpy import allocate_token_bitmask
 
-    with _bridges_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
     v = matchers[0].grammar.vocab_size
     bits = allocate_token_bitmask(len(matchers), v)
     costs = [0.0] * len(matchers)
-    return PendingMasks(_pool.submit(_fill, matchers, bits, costs), bits, costs, matchers, v)
+    return PendingMasks(_mask_pool().submit(_fill, matchers, bits, costs), bits, costs, matchers, v)
+
+
+def _mask_pool() -> ThreadPoolExecutor:
+    """The background thread of start_masks (created on first use)."""
+    global _pool
+    with _bridges_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return _pool

@@ -34,8 +34,8 @@ from coverpruner.runtime import Pipeline, grammar, tool_calls
 from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
-from coverpruner.serving.choices import End, TokenText, chat_logprobs, items
-from coverpruner.runtime.messages import check_part_count
+from coverpruner.serving.choices import End, TokenText, chat_logprobs, chat_logprobs_json, items
+from coverpruner.runtime.messages import MAX_PARTS, check_part_count
 from coverpruner.serving import json_body
 from coverpruner.serving.errors import APIError, bad_request, from_pipeline_error
 from coverpruner.serving.images import REMOTE_TIMEOUT_S
@@ -153,6 +153,9 @@ class ServerState:
                           for _ in range(config.workers)]
         for pipeline in self.pipelines:
             pipeline.max_video_pixels = config.max_video_pixels
+        # llguidance's import, tokenizer bridge and threads now, not in the first structured request (the bridge is
+        # per process and tokenizer: one call serves every worker)
+        self.pipelines[0].grammars.warm()
         self.defaults = dict(self.pipelines[0].manifest.defaults)
         self.defaults.update({k: v for k, v in (("budget", config.budget), ("method", config.method)) if v is not None})
         self.model_name = config.served_name
@@ -424,15 +427,24 @@ async def _read_json(request: Request, limit: int = MAX_BODY_BYTES, timeout_s: f
     return await run_in_threadpool(_json_object, await _read_body(request, limit, timeout_s))
 
 
+#: most JSON values of a body's messages (chat) or input (/v1/responses), counted while the body is read (body_caps):
+#: MAX_PARTS content parts of a few values each (a text part is 3: the part, its type, its text; an image part 4),
+#: with room for the messages' own fields and tool calls; 100,000 /v1/responses input items were parsed (one
+#: json.loads) and translated before their count was checked, holding /health 0.15 s
+MAX_MESSAGE_VALUES = 16 * MAX_PARTS
+
+
 def body_caps() -> dict:
     """The top-level fields whose size a limit caps -> (most JSON values, error code), for json_body.loads: a body
     over one is refused while it is read (a 10^6-entry logit_bias, 50,000 tools, a 36 MB schema, 100,000
-    prompts); each limit is checked again, by name, on a body small enough to be read whole."""
+    prompts, 100,000 content parts or input items); each limit is checked again, by name, on a body small enough to
+    be read whole."""
     schema = grammar.MAX_SCHEMA_NODES + 16  # + response_format's own fields (type, json_schema: name, strict, ...)
     return {"response_format": (schema, grammar.TOO_COMPLEX),
             "tools": (tool_calls.MAX_TOOLS_VALUES, grammar.TOO_COMPLEX),
             "logit_bias": (MAX_LOGIT_BIAS_ENTRIES, "invalid_value"), "stop": (MAX_STOP_STRINGS, "invalid_value"),
-            "prompt": (MAX_PROMPTS, "invalid_value")}
+            "prompt": (MAX_PROMPTS, "invalid_value"), "messages": (MAX_MESSAGE_VALUES, "too_many_parts"),
+            "input": (MAX_MESSAGE_VALUES, "too_many_parts")}
 
 
 def _json_object(raw: bytes) -> dict:
@@ -610,12 +622,13 @@ _LARGE_ANSWER_ENTRIES = 4096
 
 
 async def json_answer(got: list, gen: GenerationRequest, build) -> Response:
-    """The JSON response of ``build()`` (-> dict): for a large answer (logprobs of many tokens, n choices)
-    built and encoded in a worker thread, one logprob entry per C call (json_body.dumps), so the event loop keeps
-    answering (/health) while a 20 MB body is written; else JSONResponse as usual."""
+    """The JSON response of ``build()`` (-> dict, which may hold json_body.RawJSON values: chat's logprobs), encoded
+    by json_body.dumps; for a large answer (logprobs of many tokens, n choices) built and encoded in a worker
+    thread, one logprob entry per C call, so the event loop keeps answering (/health) while a 20 MB body is
+    written."""
     entries = sum(len(c.end.result.token_ids) for c in got) * (1 + (gen.top_logprobs or 0))
     if entries <= _LARGE_ANSWER_ENTRIES:
-        return JSONResponse(build())
+        return Response(json_body.dumps(build()), media_type="application/json")
     body = await run_in_threadpool(lambda: json_body.dumps(build()))
     return Response(body, media_type="application/json")
 
@@ -633,7 +646,7 @@ async def _complete(state: ServerState, job: Job, gen: GenerationRequest, event,
             if _parsed(gen):  # tool calls and reasoning split from the text (serving/tools.py)
                 fields, finish = tools.message(gen.request, c.text, finish)
             choices.append(Choice(index=c.index, message=AssistantMessage(**fields), finish_reason=finish))
-            logprobs.append(chat_logprobs(c.logprobs, state.token_text) if lp else None)
+            logprobs.append(chat_logprobs_json(c.logprobs, state.token_text) if lp else None)
         body = ChatCompletion(id=meta.id, created=meta.created, model=meta.model, choices=choices,
                               usage=_usage([c.end.result for c in got]),
                               coverpruner=_coverpruner(got[0].end.result)).model_dump()

@@ -14,11 +14,14 @@ mark as a space) and its string their UTF-8 decoding; a token that holds part of
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
 from coverpruner.runtime.logprobs import TokenLogprob
+from coverpruner.serving.json_body import RawJSON
 
 
 class Piece(NamedTuple):
@@ -93,6 +96,7 @@ class TokenText:
         self._metaspace = '"Metaspace"' in spec
         self._chars = _byte_chars()
         self.of = lru_cache(maxsize=65536)(self._of)
+        self.json = lru_cache(maxsize=65536)(self._json)
 
     def _raw(self, tid: int) -> bytes:
         piece = self.tokenizer.id_to_token(int(tid)) or ""
@@ -115,6 +119,11 @@ class TokenText:
             text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
         return text, list(raw)
 
+    def _json(self, tid: int) -> tuple[str, str]:
+        """(string, bytes) of ``of(tid)`` as compact JSON texts (chat_logprobs_json)."""
+        token, raw = self.of(tid)
+        return json.dumps(token, ensure_ascii=False), "[" + ",".join(map(str, raw)) + "]"
+
 
 def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
     """Chat completions' choice.logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}],
@@ -125,6 +134,28 @@ def chat_logprobs(entries: list[TokenLogprob], text: TokenText) -> dict:
 
     return {"content": [{**one(e.token, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]}
                         for e in entries], "refusal": None}
+
+
+def _number(x: float) -> str:
+    """A float as json.dumps writes it (float.__repr__); ValueError for NaN / infinity, as its allow_nan=False."""
+    x = float(x)
+    if not math.isfinite(x):
+        raise ValueError(f"Out of range float values are not JSON compliant: {x!r}")
+    return float.__repr__(x)
+
+
+def chat_logprobs_json(entries: list[TokenLogprob], text: TokenText) -> RawJSON:
+    """chat_logprobs(entries, text) as compact JSON text (what json_body.dumps writes for it), built as strings:
+    no dict or list per entry. Issue 40: 8 answers of 2,000 tokens with 20 alternatives built 336,000 dicts, and
+    the garbage collector's full passes over them (~0.1 s each, holding the GIL) stalled the event loop while the
+    body was built in a worker thread."""
+    def one(tid: int, lp: float) -> str:
+        token, raw = text.json(tid)
+        return f'{{"token":{token},"logprob":{_number(lp)},"bytes":{raw}'
+
+    pieces = [one(e.token, e.logprob) + ',"top_logprobs":[' + ",".join(one(t, lp) + "}" for t, lp in e.top) + "]}"
+              for e in entries]
+    return RawJSON('{"content":[' + ",".join(pieces) + '],"refusal":null}')
 
 
 def legacy_logprobs(entries: list[TokenLogprob], text: TokenText, offset: int = 0) -> dict:

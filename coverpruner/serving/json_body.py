@@ -25,13 +25,15 @@ import json.decoder
 import sys
 
 #: a body with at most this many '{' and '[' bytes (and FAST_COMMAS commas) is parsed by json.loads in one C call:
-#: ~0.85 us per container on the 2-core dev box, so <= ~0.1 s of GIL (a legit request: MAX_PARTS = 4,096 parts of
-#: <= 2 objects each, its messages, tools, is far below; 100,000 one-letter parts take 0.085 s and get their 4xx in
-#: ~0.3 s, where the walk took 1-1.5 s on the loaded box); above it the walk below: a body far over every limit,
-#: refused anyway, parsed at a few microseconds per value in a worker thread that releases the GIL between values
-FAST_CONTAINERS = 131_072
-#: ... and at most this many ',' bytes: a scalar costs json.loads a few times less than a container (100,000 text
-#: parts, 200,000 commas, stay on the fast path), but 10^6 of them (one logit_bias object) took 0.6 s of GIL
+#: ~0.85 us per container on the 2-core dev box, so <= ~30 ms of GIL (a legit request: MAX_PARTS = 4,096 parts of
+#: <= 2 objects each, its messages, tools, is far below). Above it the walk below: a body far over every limit,
+#: parsed at a few microseconds per value in a worker thread that releases the GIL between values, and its capped
+#: fields (messages and input included: serving.app.body_caps) refused after a limit's worth of values. Issue 40:
+#: it was 131,072, ~0.1 s of GIL in one call, and /v1/responses' 100,000 input items (100,000 containers, one
+#: json.loads) held /health 0.1-0.15 s
+FAST_CONTAINERS = 32_768
+#: ... and at most this many ',' bytes: a scalar costs json.loads a few times less than a container (4,096 text
+#: parts, 8,192 commas, stay on the fast path), but 10^6 of them (one logit_bias object) took 0.6 s of GIL
 FAST_COMMAS = 4 * FAST_CONTAINERS
 #: containers this deep (body -> messages -> message -> content) are walked in Python; deeper values are one C call
 MAX_PYTHON_DEPTH = 4
@@ -258,8 +260,14 @@ def dumps(obj) -> bytes:
     return "".join(out).encode("utf-8")
 
 
+class RawJSON(str):
+    """JSON text that dumps writes as it is (a value encoded beforehand, e.g. serving.choices.chat_logprobs_json)."""
+
+
 def _encode(obj, put) -> None:
-    if isinstance(obj, dict):
+    if isinstance(obj, RawJSON):
+        put(obj)
+    elif isinstance(obj, dict):
         put("{")
         for k, (key, value) in enumerate(obj.items()):
             put(("," if k else "") + _leaf(key if isinstance(key, str) else str(key)) + ":")
@@ -280,4 +288,6 @@ def _encode(obj, put) -> None:
 
 
 def _leaf(value) -> str:
+    if isinstance(value, RawJSON):
+        return value
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))

@@ -37,7 +37,11 @@ def deployment(config: ServerConfig, replicas: int, num_cpus: float = 1.0):
             self.cfg = cfg
 
         def __serve_build_asgi_app__(self):
-            return create_app(self.cfg)
+            from coverpruner.serving.memory import freeze_startup_heap
+
+            app = create_app(self.cfg)
+            freeze_startup_heap()  # as coverpruner-serve's process: full collections skip the replica's own heap
+            return app
 
     return CoverPrunerReplica.bind(config)
 

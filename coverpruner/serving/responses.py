@@ -29,10 +29,12 @@ import uuid
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from coverpruner.serving.choices import Delta, End
 from coverpruner.serving.errors import APIError, bad_request
 from coverpruner.runtime.answer_parts import AnswerSplitter
+from coverpruner.runtime.messages import MAX_PARTS
 from coverpruner.serving.tools import call_id
 
 #: /v1/responses fields refused -> why; a null (or the value that asks for nothing, RESPONSE_OFF) is taken
@@ -163,6 +165,9 @@ def response_body(body: dict) -> dict:
     if isinstance(given, str):
         messages = [{"role": "user", "content": given}]
     elif isinstance(given, list) and given:
+        if len(given) > MAX_PARTS:  # before any item is translated: each is a message or a part of one
+            raise bad_request(f"input holds {len(given):,} items; at most {MAX_PARTS:,} per request", "input",
+                              "too_many_parts")
         messages = _messages(given)
     else:
         raise bad_request("input must be a string or a non-empty list of items", "input")
@@ -350,8 +355,9 @@ def response_render(chat, echo: dict):
 
 
 async def responses(request: Request, body: dict, serve, chat):
-    """POST /v1/responses."""
+    """POST /v1/responses. The body is translated and validated in a worker thread (as chat's: its input items are
+    walked one by one), so the event loop keeps answering meanwhile."""
     arrived = time.monotonic()
     echo = {k: body.get(k) for k in ECHO}
-    req = chat.validate_chat(response_body(body))
+    req = await run_in_threadpool(lambda: chat.validate_chat(response_body(body)))
     return await serve(request, req, arrived, response_render(chat, echo))

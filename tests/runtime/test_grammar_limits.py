@@ -67,7 +67,7 @@ def test_a_first_mask_over_budget_is_refused_at_admission(compiler, monkeypatch)
 
 
 def test_mask_budget_arithmetic():
-    from coverpruner.runtime.grammar import MASK_FLOOR_S, MASK_START_S, MaskBudget
+    from coverpruner.runtime.grammar import MASK_FLOOR_S, MASK_START_S, MASK_STEP_FACTOR, MaskBudget
 
     b = MaskBudget()
     b.spend(MASK_START_S)
@@ -75,8 +75,8 @@ def test_mask_budget_arithmetic():
     b.grant(0.0)  # a step faster than the floor is granted the floor
     b.spend(MASK_FLOOR_S)
     b.check()
-    b.grant(0.004)  # a slower step grants its own time
-    b.spend(0.004)
+    b.grant(0.004)  # a slower step grants MASK_STEP_FACTOR of its CPU time
+    b.spend(MASK_STEP_FACTOR * 0.004)
     b.check()
     b.spend(1e-6)
     with pytest.raises(OptionError, match="over its budget") as info:
@@ -95,3 +95,19 @@ def test_a_spent_budget_fails_that_answer_where_its_mask_is_read(compiler):
     with pytest.raises(OptionError, match="over its budget"):
         masks.allowed(1)
     assert fine.budget.spent > 0  # its mask's CPU time was charged to it
+
+
+def test_a_step_grants_from_its_cpu_time_not_its_wall_time(compiler):
+    """The engine's thread waiting (descheduled on a busy machine, or held up by a mask competing for the cores)
+    grants a grammar nothing: a 10 KB const's masks stretched the step's wall time they were measured against, so
+    their budget grew with the delay they caused (issue 40: its neighbour took 2.3x its time alone)."""
+    import time
+
+    from coverpruner.runtime.grammar import MASK_FLOOR_S, MASK_START_S, GrammarMatcher, start_masks
+
+    g = compiler.compile(fmt({"type": "object", "properties": {"issue40-cpu": {"type": "integer"}}}))
+    m = GrammarMatcher(g)
+    masks = start_masks([m])
+    time.sleep(0.05)  # 50 ms of wall time, no CPU time of this thread
+    masks.allowed(0)
+    assert m.budget.allowed == pytest.approx(MASK_START_S + MASK_FLOOR_S)

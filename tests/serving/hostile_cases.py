@@ -27,7 +27,9 @@ class Case:
     """One hostile request. expect: "4xx" (an OpenAI error body, status 400-499), "ok" (200), "any" (either is a
     handled answer: what hardening 2 already held, where the refusal or the answer both are correct); param: the
     error's param when it must name one; greedy: a 200 whose answer must equal the same body at temperature 0;
-    neighbour: run beside a long greedy request in the same batch, whose answer must not change."""
+    neighbour: run beside a long greedy request in the same batch, whose answer must not change. tags: "finding"
+    (one of the issue's findings: in CI, tests/serving/test_hostile_clients.py, with a streamed twin), "ci" (in CI
+    too: a case the benchmark once missed), "big" (a body of tens of MB: no streamed twin)."""
 
     name: str
     make: Callable[[], bytes]
@@ -101,6 +103,10 @@ def _temperatures() -> list[Case]:
             Case("temperature string", _raw(temperature='"0.5"'), param="temperature"),
             Case("temperature NaN", _raw(temperature="NaN"), param="temperature"),
             Case("temperature Infinity", _raw(temperature="Infinity"), param="temperature")]
+    # the issue's "NaN/Infinity everywhere else" (held): each numeric field
+    out += [Case(f"{k} {v}", _raw(**{k: v}), param=k.split(" ")[0]) for k, v in (
+        ("top_p", "NaN"), ("frequency_penalty", "Infinity"), ("presence_penalty", "-Infinity"), ("tau", "NaN"),
+        ("budget", "Infinity"), ("max_tokens", "NaN"), ("seed", "Infinity"))]
     return out
 
 
@@ -234,6 +240,11 @@ def _completions() -> list[Case]:
         Case("completions 257 prompts", _json({**base, "prompt": ["hi"] * 257}), "/v1/completions", param="prompt"),
         Case("completions a list over the server's capacity", _json({**base, "prompt": ["hi"] * 200}),
              "/v1/completions", param="prompt", tags=("finding",)),
+        # the default server admits 1 worker x 8 + a queue of 16 = 24 requests at once: 25 could only ever get 503
+        Case("completions 25 prompts (capacity + 1)", _json({**base, "prompt": ["hi"] * 25}), "/v1/completions",
+             param="prompt", tags=("finding",)),
+        Case("completions 24 prompts (the capacity)", _json({**base, "prompt": ["hi"] * 24}), "/v1/completions",
+             expect="ok"),
         Case("completions 4 prompts", _json({**base, "prompt": ["hi", "sea", "sky", "sun"]}), "/v1/completions",
              expect="ok"),
         Case("completions stream 2 prompts", _json({**base, "stream": True, "prompt": ["a", "b"]}),
@@ -252,8 +263,10 @@ def _completions() -> list[Case]:
 def _responses() -> list[Case]:
     base = {"model": "tiny", "max_output_tokens": 4}
     return [
+        # held in the issue's run; /health 0.15 s in this catalogue's first quiet run (parsed in one C call, then
+        # translated on the event loop): in CI since ("ci")
         Case("responses 100,000 input items", _json(lambda: {**base, "input": [
-            {"role": "user", "content": "hi"}] * 100_000}), "/v1/responses"),
+            {"role": "user", "content": "hi"}] * 100_000}), "/v1/responses", param="input", tags=("ci",)),
         Case("responses 40 MB instructions", _json(lambda: {**base, "input": "hi", "instructions": "x" * 40_000_000}),
              "/v1/responses"),
         Case("responses tools", _json({**base, "input": "hi", "tools": [{"type": "function", "name": "f"}]}),
@@ -298,6 +311,7 @@ def _misc() -> list[Case]:
         Case("17 stop strings", _json(chat(stop=[f"s{i}" for i in range(17)])), param="stop"),
         Case("stop string of 1,025 characters", _json(chat(stop=["x" * 1025])), param="stop"),
         Case("10,000 stop strings", _json(chat(stop=[f"s{i}" for i in range(10_000)])), param="stop"),
+        Case("10,000 stop ids", _json(chat(stop_token_ids=list(range(10_000)))), param="stop_token_ids"),
         Case("empty stop string", _json(chat(stop=[""])), param="stop"),
         Case("100,000 text parts", _json(lambda: chat(messages=[{"role": "user", "content": [
             {"type": "text", "text": "a"}] * 100_000}])), param="messages"),

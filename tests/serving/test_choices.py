@@ -63,3 +63,33 @@ def test_items_of_job_events():
     assert items("piece", Piece("", 0)) == []  # nothing to send
     assert items("piece", Piece("", 0, lp)) == [Delta(0, "", [lp])]  # a held-back token still reports its logprob
     assert items("done", Finished(1, "r1")) == [End(1, "r1")]
+
+
+def test_chat_logprobs_json_is_the_entries_encoded_without_a_container_per_entry():
+    """chat_logprobs_json (a large answer's logprobs, issue 40) is json.dumps of chat_logprobs' object, compact, and
+    builds strings only: 2,000 entries of 20 alternatives as dicts ran the garbage collector hundreds of times
+    (its full passes over them held the GIL ~0.1 s); as text, a handful at most."""
+    import gc
+    import json
+
+    from coverpruner.runtime.logprobs import TokenLogprob
+    from coverpruner.serving.choices import chat_logprobs, chat_logprobs_json
+
+    tok = _trained(pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel())
+    text = TokenText(tok)
+    rng = np.random.default_rng(0)
+    ids = [int(i) for i in rng.integers(0, tok.get_vocab_size(), 2000 * 21)]  # "東"'s partial bytes among them
+    lps = [float(x) for x in -rng.random(2000 * 21) * 30]  # python floats, as runtime.logprobs gives them
+    entries = [TokenLogprob(ids[k], lps[k], tuple(zip(ids[k + 1:k + 21], lps[k + 1:k + 21])))
+               for k in range(0, len(ids), 21)]
+    reference = json.dumps(chat_logprobs(entries, text), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    before = gc.get_stats()[0]["collections"]
+    got = chat_logprobs_json(entries, text)
+    collections = gc.get_stats()[0]["collections"] - before
+    assert got == reference
+    dict_collections = gc.get_stats()[0]["collections"]
+    chat_logprobs(entries, text)
+    dict_collections = gc.get_stats()[0]["collections"] - dict_collections
+    assert collections <= 5 and dict_collections > 50, (collections, dict_collections)
+    with pytest.raises(ValueError, match="not JSON compliant"):  # as json.dumps(allow_nan=False)
+        chat_logprobs_json([TokenLogprob(1, float("-inf"))], text)

@@ -37,7 +37,7 @@ NEIGHBOUR = {"model": "tiny", "max_tokens": 800, "ignore_eos": True, "temperatur
              "messages": [{"role": "user", "content": "Tell me a long story about the sea."}]}
 NORMAL = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "Say hi."}]}
 #: the findings' cases, the large-answer one scaled to this server's batch (n <= --max-batch)
-FINDINGS = [c for c in cases("llava") if "finding" in c.tags and ", streamed" not in c.name
+FINDINGS = [c for c in cases("llava") if ("finding" in c.tags or "ci" in c.tags) and ", streamed" not in c.name
             and not c.name.startswith("top_logprobs")] + [
     Case("top_logprobs 20, n 4, 1,000 tokens", lambda: json.dumps(chat(
         n=MAX_BATCH, max_tokens=1000, ignore_eos=True, logprobs=True, top_logprobs=20)).encode(), expect="ok")]
@@ -168,6 +168,26 @@ def test_failures_in_a_batch_fail_only_their_request(url, monkeypatch):
     assert answer_texts(h_data) == greedy * 2  # temperature 1e-310, n 2: both answers greedy
 
 
+def test_a_costly_grammar_beside_a_neighbour_leaves_it_unchanged(url):
+    """A json_schema const of 10 KB (each mask ~2-4 ms of CPU, several times a tiny model's step) beside the long
+    greedy neighbour: answered or cut by its mask budget (400 grammar_too_complex), and the neighbour's answer is the
+    one it gives alone, within 2x of its time alone (the budget grants a grammar MASK_STEP_FACTOR of each step's
+    CPU time: a mask competing for a busy machine's cores no longer widens its own allowance)."""
+    alone = [post(url, NEIGHBOUR, timeout=120) for _ in range(2)]
+    want, alone_s = answer_texts(alone[0][1]), min(a[2] for a in alone)
+    for attempt in range(2):
+        const = "ab c" * 2500 + "x" * (attempt + 1)  # a schema not compiled before: its admission is measured too
+        body = chat(max_tokens=64, response_format={"type": "json_schema", "json_schema": {
+            "name": "c", "schema": {"const": const}}})
+        load = stretch()
+        (n_status, n_data, n_seconds), (h_status, h_data, _) = _beside(url, body)
+        assert n_status == 200 and answer_texts(n_data) == want, n_data
+        assert h_status == 200 or (h_status, h_data["error"]["code"]) == (400, "grammar_too_complex"), h_data
+        if n_seconds <= 2 * alone_s * load:
+            break
+    assert n_seconds <= 2 * alone_s * load, (n_seconds, alone_s, load)
+
+
 def test_prompt_lists_are_admitted_whole_or_not_at_all(url):
     """A list longer than the server admits at once: 400 naming prompt at once; one that fits only when nothing
     else runs: 503 with nothing of it admitted while a request runs, then answered whole; the server normal
@@ -187,3 +207,46 @@ def test_prompt_lists_are_admitted_whole_or_not_at_all(url):
     status, data, _ = post(url, prompts(CAPACITY), path="/v1/completions")
     assert status == 200 and [c["index"] for c in data["choices"]] == list(range(CAPACITY)), data
     assert post(url, NORMAL)[0] == 200
+
+
+def test_structured_output_is_ready_before_the_first_request(ort_export):
+    """llguidance's import, the tokenizer's bridge and the mask threads are built when the server starts: the first
+    schema request of a quiet bench run held /health 0.26 s while they were built for it."""
+    from coverpruner.runtime import grammar
+    from coverpruner.serving import ServerConfig, create_app
+
+    app = create_app(ServerConfig(str(ort_export), workers=1, threads=1, model_name="tiny"))
+    try:
+        assert app.state.server.pipelines[0].grammars._bridge is not None  # a new Pipeline's: built by the server
+        assert grammar._pool is not None and grammar._executor is not None
+    finally:
+        app.state.server.pool.shutdown()
+
+
+def test_responses_input_is_counted_then_translated_off_the_event_loop(url, monkeypatch):
+    """/v1/responses input over MAX_PARTS items: refused by its count before any item is translated, and the
+    translation runs in a worker thread (100,000 items were translated and validated on the event loop)."""
+    import asyncio
+
+    from coverpruner.runtime.messages import MAX_PARTS
+    from coverpruner.serving import responses
+
+    where, real = [], responses.response_body
+
+    def spy(body):
+        try:
+            asyncio.get_running_loop()
+            where.append("event loop")
+        except RuntimeError:
+            where.append("worker thread")
+        return real(body)
+
+    monkeypatch.setattr(responses, "response_body", spy)
+    base = {"model": "tiny", "max_output_tokens": 2}
+    status, data, _ = post(url, {**base, "input": [{"role": "user", "content": "hi"}] * (MAX_PARTS + 1)},
+                           path="/v1/responses")
+    assert status == 400 and (data["error"]["param"], data["error"]["code"]) == ("input", "too_many_parts"), data
+    assert f"at most {MAX_PARTS:,}" in data["error"]["message"]
+    status, data, _ = post(url, {**base, "input": [{"role": "user", "content": "hi"}] * 3}, path="/v1/responses")
+    assert status == 200, data
+    assert where == ["worker thread"] * 2
