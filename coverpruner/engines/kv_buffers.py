@@ -2,7 +2,7 @@
 (CUDA provider), behind one small interface that engines/ort_form_decoder.KVSlots drives.
 
 Both hold, per layer, a key and a value buffer [B, H_kv, C, hd] in the graph's float dtype (float32 or float16)
-and one cos / sin table of R = max(C, B) rows [R, hd/2]: a call's rows are written at its start (row b*S + s for
+and one cos / sin table of R = max(C, B) rows [R, rd/2] (rd = hd, or the dims a partial rotary turns): a call's rows are written at its start (row b*S + s for
 entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length rows, and a
 call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each).
 
@@ -29,13 +29,13 @@ class HostKV:
     device = "cpu"
 
     def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, rotary_dim: int | None = None):
         self.batch, self.capacity, self.h, self.hd, self.dtype = batch, capacity, num_kv_heads, head_dim, dtype
         shape = (batch, num_kv_heads, capacity, head_dim)
         #: [layer][key/value] -> [B, H_kv, C, hd]
         self.kv = [[np.zeros(shape, dtype) for _ in range(2)] for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        self.cos = np.zeros((self.rows, head_dim // 2), dtype)
+        self.cos = np.zeros((self.rows, (rotary_dim or head_dim) // 2), dtype)
         self.sin = np.zeros_like(self.cos)
 
     def bind_kv(self, binding, first: int, count: int, names) -> None:
@@ -81,7 +81,7 @@ class CudaKV:
     device = "cuda"
 
     def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, rotary_dim: int | None = None):
         from coverpruner.engines import cudart  # libcudart through ctypes, only where a GPU runs
 
         self._cudart = cudart
@@ -92,8 +92,9 @@ class CudaKV:
         self.kv = [[cudart.DeviceBuffer(batch * self.slot_elems * self.item) for _ in range(2)]
                    for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        self.cos = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
-        self.sin = cudart.DeviceBuffer(self.rows * (head_dim // 2) * self.item)
+        self.half = (rotary_dim or head_dim) // 2  # the rotary tables' width (a partial rotary turns fewer dims)
+        self.cos = cudart.DeviceBuffer(self.rows * self.half * self.item)
+        self.sin = cudart.DeviceBuffer(self.rows * self.half * self.item)
         for buf in (*(b for pair in self.kv for b in pair), self.cos, self.sin):
             buf.zero(self.stream)
         self.stream.synchronize()
@@ -109,7 +110,7 @@ class CudaKV:
             binding.bind_output(present, "cuda", 0, self.dtype, shape, ptr)  # same address: in-place update
 
     def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray) -> None:
-        shape = [self.rows, self.hd // 2]
+        shape = [self.rows, self.half]
         for name, buf, rows in (("rotary_cos", self.cos, cos), ("rotary_sin", self.sin, sin)):
             buf.upload(np.ascontiguousarray(rows, self.dtype), self.stream)  # only this call's rows
             binding.bind_input(name, "cuda", 0, self.dtype, shape, buf.ptr)
@@ -149,9 +150,9 @@ class CudaKV:
         self.stream.synchronize()
 
 
-def kv_buffers(device: str, *args) -> HostKV | CudaKV:
+def kv_buffers(device: str, *args, **kwargs) -> HostKV | CudaKV:
     """HostKV for device 'cpu', CudaKV for 'cuda' (args: batch, capacity, num_layers, num_kv_heads, head_dim,
-    dtype)."""
+    dtype; rotary_dim: the rotary tables' dims when a partial rotary turns fewer than head_dim)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"KV device must be 'cpu' or 'cuda', got {device!r}")
-    return HostKV(*args) if device == "cpu" else CudaKV(*args)
+    return HostKV(*args, **kwargs) if device == "cpu" else CudaKV(*args, **kwargs)

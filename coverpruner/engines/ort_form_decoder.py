@@ -14,6 +14,9 @@ compact 1-D, Qwen2.5-VL's M-RoPE 3-D with gaps): a call's rows are written at th
 entry b's s-th new token at row b*S + s, and ``rotary_row`` [b, s] = b*S + s (the CPU kernel reads row
 rotary_row[b, 0] + s, the CUDA kernel rotary_row[b, s]: the same rows). Cached keys are stored rotated, so earlier
 tokens' rows are never needed again.
+A decoder with state that is not KV (contract v5: a hybrid decoder's Gated DeltaNet layers) has it found in the graph
+(engines/state_buffers.py): each slot's states are bound in place beside its KV, move with it, and are part of its
+snapshot; they hold what the slot's tokens so far left, so prompts of different lengths never share a padded call.
 numpy + onnxruntime only.
 """
 
@@ -25,39 +28,54 @@ from coverpruner.engine_dir import ORT_DECODER_INPUTS, past_names
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 from coverpruner.engines.kv_buffers import kv_buffers
 from coverpruner.engines.rotary import rotary_rows
+from coverpruner.engines.state_buffers import HostStates, decoder_layout
 
 
 class KVSlots:
     """`batch` KV slots of `capacity` tokens each for one ORT-form decoder session.
 
-    session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section"}.
-    device: 'cpu' (numpy buffers) or 'cuda' (device buffers for the CUDA provider, engines/kv_buffers.py).
-    The cache's float dtype is the graph's (float32, or float16 for an fp16 export). lengths: int64 [batch],
-    tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps the active ones at the
-    front.
+    session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section",
+    "mrope_interleaved", "dim"}. device: 'cpu' (numpy buffers) or 'cuda' (device buffers for the CUDA provider,
+    engines/kv_buffers.py). The cache's float dtype is the graph's (float32, or float16 for an fp16 export).
+    lengths: int64 [batch], tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps
+    the active ones at the front. The KV layers and the states (contract v5) are the graph's own
+    (state_buffers.decoder_layout; num_layers is then only the decoder's depth).
     """
 
     def __init__(self, session, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  rotary: dict, device: str = "cpu"):
         self.session, self.batch, self.capacity = session, batch, capacity
-        self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
+        self.h, self.hd = num_kv_heads, head_dim
         self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
         self.interleaved = bool(rotary.get("mrope_interleaved", False))
-        inputs = {i.name: i.type for i in session.get_inputs()}
-        #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows and KV
-        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(num_layers)))
+        self.rotary_dim = int(rotary.get("dim") or head_dim)  # a partial rotary turns the first dims only
+        listed = session.get_inputs()
+        inputs = {i.name: i.type for i in listed}
+        self.kv_layers, state_slots = decoder_layout(listed)
+        self.num_layers = len(self.kv_layers)  # KV layers
+        #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows, KV and states
+        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(self.kv_layers)))
         #: float dtype of embeddings, rotary rows and cache (the graph's inputs_embeds)
         self.dtype = np.dtype(np.float16 if inputs.get("inputs_embeds") == "tensor(float16)" else np.float32)
-        self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in range(num_layers)
+        self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in self.kv_layers
                       for kind in ("key", "value")]
-        self.buffers = kv_buffers(device, batch, capacity, num_layers, num_kv_heads, head_dim, self.dtype)
+        self.buffers = kv_buffers(device, batch, capacity, self.num_layers, num_kv_heads, head_dim, self.dtype,
+                                  rotary_dim=self.rotary_dim)
+        #: the states that are not KV (contract v5), host memory for every provider; None without
+        self.states = HostStates(state_slots, batch) if state_slots else None
         self.lengths = np.zeros(batch, dtype=np.int64)
+
+    def clear(self, slot: int) -> None:
+        """Slot holds nothing: no cached tokens, the states a request starts from."""
+        self.lengths[slot] = 0
+        if self.states is not None:
+            self.states.zero(slot)
 
     def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """positions int64 [R, S] -> cos, sin [S, hd/2]."""
         positions = np.asarray(positions)
-        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section,
-                           self.interleaved)
+        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.rotary_dim, self.theta,
+                           self.section, self.interleaved)
 
     def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
             extras: dict | None = None) -> np.ndarray:
@@ -85,6 +103,8 @@ class KVSlots:
         binding.bind_cpu_input("rotary_row", (np.arange(count, dtype=np.int64) * s)[:, None]
                                + np.arange(s, dtype=np.int64)[None, :])
         self.buffers.bind_kv(binding, first, count, self.names)
+        if self.states is not None:
+            self.states.bind(binding, first, count)
         binding.bind_output("logits")  # to host memory
         self.session.run_with_iobinding(binding)
         self.lengths[slots] = total
@@ -131,6 +151,8 @@ class KVSlots:
         # row s of the shared table, under either reading of position_ids ([b, 0] + s, or [b, s])
         binding.bind_cpu_input("rotary_row", np.broadcast_to(np.arange(s, dtype=np.int64), (k, s)).copy())
         self.buffers.bind_kv(binding, first, k, self.names)
+        if self.states is not None:  # only prompts of one length share a call (BatchDecoder._prompt_group)
+            self.states.bind(binding, first, k)
         binding.bind_output("logits")
         self.session.run_with_iobinding(binding)
         self.lengths[first:first + k] = lens
@@ -139,18 +161,28 @@ class KVSlots:
         """Copy slot src's cached tokens into slot dst (src is then free)."""
         n = int(self.lengths[src])
         self.buffers.copy_slot(src, dst, n)
+        if self.states is not None:
+            self.states.copy_slot(src, dst)
         self.lengths[dst], self.lengths[src] = n, 0
 
     def snapshot(self, slot: int) -> KVSnapshot:
-        """Host copies of slot's cached tokens: per layer key and value [1, H_kv, P, hd]."""
+        """Host copies of slot's cached tokens: per KV layer key and value [1, H_kv, P, hd], and its states."""
         n = int(self.lengths[slot])
-        return KVSnapshot(n, *self.buffers.read(slot, n))
+        states = self.states.read(slot) if self.states is not None else ()
+        return KVSnapshot(n, *self.buffers.read(slot, n), states)
 
     def restore(self, slot: int, snap: KVSnapshot) -> None:
-        """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
-        check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed) and states."""
+        check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity, self.state_slots)
         self.buffers.write(slot, snap.keys, snap.values)
+        if self.states is not None:
+            self.states.write(slot, snap.states)
         self.lengths[slot] = snap.length
+
+    @property
+    def state_slots(self) -> tuple:
+        """The graph's states (state_buffers.StateSlot), () without."""
+        return self.states.slots if self.states is not None else ()
 
 
 def _positions(position_ids: np.ndarray) -> np.ndarray:
@@ -198,7 +230,7 @@ class OrtFormDecoderSession:
             self._slots = KVSlots(self.session, 1, capacity, self.num_layers, self.h, self.hd, self.rotary,
                                   self.device)
             self.capacity = capacity
-        self._slots.lengths[0] = 0
+        self._slots.clear(0)
 
     def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
                 extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -207,15 +239,15 @@ class OrtFormDecoderSession:
         return self._slots.run(0, 1, inputs_embeds, [_positions(position_ids)], extras)[0]
 
     def snapshot(self) -> KVSnapshot:
-        """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd]."""
+        """Host copies of the cached prefix: per KV layer key and value [1, H_kv, P, hd], and the states."""
         if self._slots is None:
-            empty = tuple(np.zeros((1, self.h, 0, self.hd), self.dtype) for _ in range(self.num_layers))
-            return KVSnapshot(0, empty, empty)
+            self.reset(1)  # an empty cache: no tokens, the states a request starts from
         return self._slots.snapshot(0)
 
     def restore(self, snapshot: KVSnapshot) -> None:
         """The cache holds exactly the snapshot's prefix; the next forward continues after it."""
-        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        if self._slots is None:
+            raise ValueError("KV cache holds 0 tokens; reset to the request's capacity before restoring")
         self._slots.restore(0, snapshot)
 
 
@@ -260,7 +292,7 @@ class BatchDecoder:
         if len(self._order) >= self.max_batch:
             raise ValueError(f"batch is full ({self.max_batch} requests); leave one first")
         slot = len(self._order)
-        self._slots.lengths[slot] = 0
+        self._slots.clear(slot)
         logits = self._slots.run(slot, 1, inputs_embeds, [positions], extras)[0]
         handle, self._next = self._next, self._next + 1
         self._order.append(handle)
@@ -295,7 +327,7 @@ class BatchDecoder:
         if together:  # they take the next slots, contiguous: one call
             first = len(self._order)
             for i in together:
-                self._slots.lengths[len(self._order)] = 0
+                self._slots.clear(len(self._order))
                 self._order.append(handles[i])
             longest = max(together, key=lambda i: len(inputs[i][0]))
             self._slots.run_prompts(first, [np.asarray(inputs[i][0]) for i in together],
@@ -304,7 +336,7 @@ class BatchDecoder:
             if i in together:
                 continue
             slot = len(self._order)
-            self._slots.lengths[slot] = 0
+            self._slots.clear(slot)
             self._order.append(handles[i])
             if prefix is not None:
                 self._slots.restore(slot, prefix)
@@ -313,14 +345,25 @@ class BatchDecoder:
                                 {k: v[None] for k, v in extras.items()} if extras else None)
         return handles
 
-    @staticmethod
-    def _prompt_group(inputs: list, prefixes: list) -> list[int]:
+    def _prompt_group(self, inputs: list, prefixes: list) -> list[int]:
         """The requests admit prefills in one batched call: those that start from an empty slot (no restored
         prefix: GroupQueryAttention batches several rows only as a first prompt) with at least one row, and whose
-        positions are prefixes of the longest one's (shared_prompt_positions); [] when fewer than two qualify."""
+        positions are prefixes of the longest one's (shared_prompt_positions); with decoder states (contract v5)
+        only those as long as the longest (a shorter one's padding rows would run through its states); [] when
+        fewer than two qualify."""
         empty = [i for i, ((e, _, _), p) in enumerate(zip(inputs, prefixes)) if p is None and len(e)]
         group = [empty[j] for j in shared_prompt_positions([inputs[i][1] for i in empty])]
+        if self._slots.states is not None and group:
+            longest = max(len(inputs[i][0]) for i in group)
+            group = [i for i in group if len(inputs[i][0]) == longest]
         return group if len(group) > 1 else []
+
+    def extend(self, handle: int, embeds: np.ndarray, positions: np.ndarray,
+               extras: dict[str, np.ndarray] | None = None) -> None:
+        """More prompt rows of admitted request ``handle`` after what its slot holds: embeds [S, d], positions int64
+        [R, S], decoder extras {name: [S, d]} or None (a prefill run in two parts: runtime/state_boundaries.py)."""
+        self._slots.run(self._order.index(handle), 1, np.asarray(embeds)[None], [positions],
+                        {k: v[None] for k, v in extras.items()} if extras else None)
 
     def snapshot(self, handle: int) -> KVSnapshot:
         """Host copies of request ``handle``'s cached tokens: per layer key and value [1, H_kv, P, hd]."""

@@ -19,7 +19,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import MANIFEST, METHOD_GRAPHS, extras_record, read_if_present, write_manifest
+from coverpruner.engine_dir import (MANIFEST, METHOD_GRAPHS, decoder_state_record, extras_record, read_if_present,
+                                    write_manifest)
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
 from coverpruner.export.graph_specs import graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
@@ -193,11 +194,16 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
                 saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names,
                                      spec.output_names, spec.dynamic_shapes, opts.opset,
                                      _use_external(opts.external_data, _param_bytes(spec.module)))
+                if g == "probe":  # contract v5: the decoder layer whose attention the probe reads
+                    extra["layer"] = spec.module.layer
                 del spec
                 gc.collect()
-        declared = family.decoder_spec(config).extras if g == "decoder" else ()
-        if declared:  # contract v4: the runtime feeds the extras from this record, without family code
-            extra["extras"] = extras_record(declared)
+        if g == "decoder":
+            declared = family.decoder_spec(config)
+            if declared.extras:  # contract v4: the runtime feeds the extras from this record, without family code
+                extra["extras"] = extras_record(declared.extras)
+            # contract v5: the KV layers and the states that are not KV, which engines and runtime carry
+            extra.update(decoder_state_record(declared, family.dims(config)["num_layers"], FLOAT_DTYPES[opts.dtype]))
         seconds[g] = time.perf_counter() - t0
         entries[g] = {**graph_entry(saved), **extra}
         bar.update()

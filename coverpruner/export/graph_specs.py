@@ -18,6 +18,8 @@ from coverpruner.engine_dir import (
     PROBE_OUTPUTS,
     past_names,
     present_names,
+    state_names,
+    state_output_names,
 )
 from coverpruner.families.contract import ExportSpec
 
@@ -37,13 +39,15 @@ def position_axes(rank: int, batch, seq) -> dict:
 
 
 def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16,
-                     extras=()) -> dict[str, ExportSpec]:
+                     extras=(), spec=None) -> dict[str, ExportSpec]:
     """ExportSpec of embed, probe and decoder for ``model`` (family adapter ``family``).
 
     dims: the manifest dims (hidden_size, num_layers, num_kv_heads, head_dim, vocab_size). dtype: torch float
     dtype of the graphs. rank: position rank R. num_visual: example visual-column count of the probe.
-    extras: the decoder extras (contract.DecoderExtra), inputs float [B,S,d] after the past KV, on inputs_embeds'
-    axes (so TensorRT profiles give them inputs_embeds' ranges).
+    extras: the decoder extras (contract.DecoderExtra), inputs float [B,S,d] after the past KV and states, on
+    inputs_embeds' axes (so TensorRT profiles give them inputs_embeds' ranges). spec: the family's
+    contract.DecoderSpec (v5: KV layers and states; None: KV at every layer): each state is an input [B, *shape]
+    after the past KV, dynamic on the batch axis only.
     """
     import torch
     from torch.export import Dim
@@ -66,27 +70,36 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     specs["probe"] = ExportSpec(ProbeGraph(family.probe_parts(model)).eval(), args, list(PROBE_INPUTS),
                                 list(PROBE_OUTPUTS), shapes)
 
-    layers, hkv, hd = dims["num_layers"], dims["num_kv_heads"], dims["head_dim"]
-    b, s, p = 2, 3, 4
-    past = tuple(torch.randn(b, hkv, p, hd, dtype=dtype) for _ in range(2 * layers))
+    hkv, hd = dims["num_kv_heads"], dims["head_dim"]
+    kv_layers = spec.kv_layer_list(dims["num_layers"]) if spec is not None else tuple(range(dims["num_layers"]))
+    states = tuple(spec.states) if spec is not None else ()
+    # a decoder with states (v5) chunks its prefill (64 rows a chunk): the example spans two chunks so torch.export
+    # keeps the chunk count symbolic (a count of 1 would be specialised)
+    b, s, p = 2, (70 if states else 3), 4
+    past = tuple(torch.randn(b, hkv, p, hd, dtype=dtype) for _ in range(2 * len(kv_layers)))
     args = (torch.randn(b, s, d, dtype=dtype), torch.ones(b, p + s, dtype=torch.long),
             example_positions(rank, b, p, s), past)
     past_dim = Dim("past_sequence", min=0)
     shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, position_axes(rank, batch, seq),
               tuple({0: batch, 2: past_dim} for _ in past))
-    if extras:  # one more tuple argument (a family without extras exports the v3 graph unchanged)
+    if states or extras:  # more tuple arguments (a v3 decoder exports unchanged)
+        args += (tuple(0.1 * torch.randn(b, *st.shape, dtype=dtype if st.dtype == "model" else torch.float32)
+                       for st in states for _ in st.layers),)
+        shapes += (tuple({0: batch} for st in states for _ in st.layers),)
+    if extras:
         args += (tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras),)
         shapes += (tuple({0: batch, 1: seq} for _ in extras),)
-    module = DecoderGraph(family.language_model(model), family.lm_head(model), extras).eval()
-    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(layers), *(e.name for e in extras)],
-                                  [LOGITS, *present_names(layers)], shapes)
+    module = DecoderGraph(family.language_model(model), family.lm_head(model), extras, spec).eval()
+    specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(kv_layers), *state_names(states),
+                                                 *(e.name for e in extras)],
+                                  [LOGITS, *present_names(kv_layers), *state_output_names(states)], shapes)
     return specs
 
 
 def graph_specs(family, model, config, dtype) -> dict[str, ExportSpec]:
     """ExportSpec of vision, embed, probe and decoder: the family's parts wrapped here (position rank, dims and
     probe example from the family, contract.Family) plus the family's own vision spec."""
+    spec = family.decoder_spec(config)
     specs = text_graph_specs(family, model, family.dims(config), dtype, rank=family.position_rank,
-                             num_visual=family.probe_example_visual(config),
-                             extras=family.decoder_spec(config).extras)
+                             num_visual=family.probe_example_visual(config), extras=spec.extras, spec=spec)
     return {**family.export_specs(model, config, dtype), **specs}

@@ -54,6 +54,7 @@ from coverpruner.runtime.prefix_cache import TEXT_ROW
 from coverpruner.runtime.result import TIMING_KEYS, GenerationResult
 from coverpruner.runtime.sampling import Sampler
 from coverpruner.runtime.stages import DecodeState, NativeSequence, Request, Selection
+from coverpruner.runtime.state_boundaries import feed_with_boundaries
 from coverpruner.runtime.text import StreamDecoder
 
 
@@ -84,17 +85,23 @@ class LoopSlots:
     def __init__(self, decoder, position_rank: int):
         self.decoder, self.rank = decoder, position_rank
 
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+    def admit(self, inputs: list, prefixes: list, capacities: list,
+              whole: bool = False) -> list[tuple[int, np.ndarray | None]]:
         """inputs: [(embeds [S,d], positions int64 [R,S], decoder extras {name: [S,d]} or None)] of one request
         (its rows after the restored prefix, S >= 1) -> [(handle 0, logits [V] of its last row)]: the rows run in
-        one forward, exactly as a one-shot prefill. The cache is reset to capacities[0] tokens."""
+        one forward, exactly as a one-shot prefill. The cache is reset to capacities[0] tokens. (whole: every row
+        is fed anyway here.)"""
         (embeds, positions, extras), = inputs
         self.decoder.reset(capacities[0])
         if prefixes[0] is not None:
             self.decoder.restore(prefixes[0])
+        return [(0, self.extend(0, embeds, positions, extras))]
+
+    def extend(self, handle: int, embeds: np.ndarray, positions: np.ndarray, extras) -> np.ndarray:
+        """More rows of the request's prompt (embeds [S,d], positions [R,S], extras {name: [S,d]} or None) after
+        what its cache holds -> logits [V] of the last."""
         extras = {k: v[None] for k, v in extras.items()} if extras else None
-        return [(0, np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank),
-                                                  extras=extras)))]
+        return np.array(self.decoder.forward(embeds[None], position_ids_input(positions, self.rank), extras=extras))
 
     def step(self, feeds: dict) -> dict:
         """{0: (embedding [d], position int64 [R])} -> {0: logits [V]} (a decode row: no decoder extras)."""
@@ -119,13 +126,22 @@ class BatchSlots:
     def __init__(self, decoder: BatchDecoder):
         self.decoder, self.max_batch, self.capacity = decoder, decoder.max_batch, decoder.capacity
 
-    def admit(self, inputs: list, prefixes: list, capacities: list) -> list[tuple[int, np.ndarray | None]]:
+    def admit(self, inputs: list, prefixes: list, capacities: list,
+              whole: bool = False) -> list[tuple[int, np.ndarray | None]]:
         """As LoopSlots.admit, but every request's last row is left out (logits None): it goes into the next
-        batched step beside the other requests' tokens (BatchDecoder.admit says why)."""
-        handles = self.decoder.admit([(np.asarray(e[:-1], np.float32), p[:, :-1],
-                                       {k: v[:-1] for k, v in x.items()} if x else None) for e, p, x in inputs],
+        batched step beside the other requests' tokens (BatchDecoder.admit says why); whole: every row is fed (the
+        prompt goes on with ``extend``)."""
+        cut = None if whole else -1
+        handles = self.decoder.admit([(np.asarray(e[:cut], np.float32), p[:, :cut],
+                                       {k: v[:cut] for k, v in x.items()} if x else None) for e, p, x in inputs],
                                      prefixes)
         return [(h, None) for h in handles]
+
+    def extend(self, handle: int, embeds: np.ndarray, positions: np.ndarray, extras) -> None:
+        """More rows of an admitted request's prompt, the last one left for the next step (as admit)."""
+        if len(embeds) > 1:
+            self.decoder.extend(handle, np.asarray(embeds[:-1], np.float32), positions[:, :-1],
+                                {k: v[:-1] for k, v in extras.items()} if extras else None)
 
     def step(self, feeds: dict) -> dict:
         return self.decoder.step({h: (np.asarray(e, np.float32), *rest) for h, (e, *rest) in feeds.items()})
@@ -145,7 +161,8 @@ class BatchSlots:
 class PrefillPlan:
     """What one request's prefill feeds: rows int64 [L'] (ascending native indices), positions int64 [R,L'],
     the DecodeState, identity int64 [L',C] of the rows (None with the prefix cache off), cached (rows restored
-    from ``prefix``, a KVSnapshot or None)."""
+    from ``prefix``, a KVSnapshot or None), boundary: the pruned row where the conversation's messages end (the
+    layout's turn_end; a decoder with states is snapshotted there: runtime/state_boundaries.py), None if unknown."""
 
     rows: np.ndarray
     positions: np.ndarray
@@ -153,6 +170,7 @@ class PrefillPlan:
     identity: np.ndarray | None = None
     cached: int = 0
     prefix: KVSnapshot | None = None
+    boundary: int | None = None
 
 
 def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Selection,
@@ -165,6 +183,8 @@ def plan_prefill(pipe, request: Request, native: NativeSequence, selection: Sele
         raise PromptError(f"request needs {len(rows)} prompt + {state.max_tokens} new tokens; the batch's KV "
                           f"capacity is {capacity} per request")
     plan = PrefillPlan(rows, positions, state)
+    if native.layout.turn_end is not None:  # kept rows before the generation prompt (text rows: all kept)
+        plan.boundary = int(np.searchsorted(rows, native.layout.turn_end))
     if pipe.prefix_cache.enabled:
         plan.identity = pipe.row_identities(native, selection, rows, positions)
         plan.cached, plan.prefix = pipe.prefix_cache.lookup(plan.identity)
@@ -175,7 +195,10 @@ def feed_prefill(pipe, slots, plans: list[PrefillPlan], natives: list[NativeSequ
                  ) -> list[tuple[int, np.ndarray | None]]:
     """The one place a prefill reaches the decoder: per request its restored prefix and the rows after it, all
     requests admitted together in one call -> per request (slot handle, logits [V] of its last row, or None where
-    the slots leave the last row to the next step: ``last_row`` through feed_decode)."""
+    the slots leave the last row to the next step: ``last_row`` through feed_decode). A decoder with states (contract
+    v5) with the prefix cache on runs up to each request's turn boundary first and snapshots it there."""
+    if pipe.decoder_states and pipe.prefix_cache.enabled:
+        return feed_with_boundaries(pipe, slots, plans, natives)
     # the decoder extras (contract v4) are gathered with the same kept rows as the embeddings
     inputs = [(native.embeds[plan.rows[plan.cached:]], plan.positions[:, plan.cached:],
                native.extras_at(plan.rows[plan.cached:])) for plan, native in zip(plans, natives)]

@@ -188,6 +188,9 @@ class Pipeline:
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
         #: "standard" or "ort" (graphs.decoder.form): the ORT form has its own in-place KV loop
         self.decoder_form = manifest.decoder_form
+        #: the decoder carries state that is not KV (contract v5, graphs.decoder.states): its prefix snapshots are
+        #: taken at turn boundaries and restored whole (runtime/state_boundaries.py)
+        self.decoder_states = bool(graph_spec(manifest, "decoder").states)
         try:
             if self.decoder_form == "ort":
                 self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,

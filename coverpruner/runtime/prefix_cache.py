@@ -16,6 +16,11 @@ row, no scan of the entries) and restores the longest. vLLM hashes blocks of 16 
 counted: a row's KV is layers x 2 x H_kv x hd floats, 64 KiB at LLaVA-1.5-7B widths with 2 layers) and find the
 same longest prefix a row-by-row comparison would.
 
+A decoder with state that is not KV (contract v5: a hybrid decoder's Gated DeltaNet layers) cannot be cut back: its
+snapshots (KVSnapshot.states) are taken at turn boundaries (runtime/state_boundaries.py) and restored only whole, at
+exactly the row they were taken at; a longer match falls back to the longest such boundary below it, and such an
+entry is kept beside longer ones that extend it (each is a boundary a later request may end at).
+
 With demand="turn" an image's selection reads only the rows up to the end of its own message (layer 0 is
 causal), so it is cached too, keyed by that native prefix and the selection options: a later turn neither
 re-runs an earlier image's probe nor its selection. Vision outputs are cached by a hash of the vision graph's
@@ -84,9 +89,12 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def truncate(snap: KVSnapshot, length: int) -> KVSnapshot:
-    """The first ``length`` rows of a snapshot (copies: the restore wants contiguous [1, H_kv, P, hd])."""
+    """The first ``length`` rows of a snapshot (copies: the restore wants contiguous [1, H_kv, P, hd]).
+    ValueError for a snapshot with decoder states (contract v5), which holds the state of its whole length only."""
     if length == snap.length:
         return snap
+    if snap.states:
+        raise ValueError(f"a snapshot with decoder states holds {snap.length} rows and cannot be cut to {length}")
     cut = lambda arrays: tuple(np.ascontiguousarray(a[:, :, :length]) for a in arrays)  # noqa: E731
     return KVSnapshot(length, cut(snap.keys), cut(snap.values))
 
@@ -175,16 +183,23 @@ class KVStore(_Store):
 
     def lookup(self, ident: np.ndarray) -> tuple[int, KVSnapshot | None]:
         """The longest stored prefix of ``ident`` [L', C], at most L' - 1 rows: (P, snapshot of P rows) or
-        (0, None). Walks the chain of ``ident``'s rows while the index knows it."""
-        best, ids = 0, None
+        (0, None). Walks the chain of ``ident``'s rows while the index knows it. Entries with decoder states are
+        restored only whole: the longest one that ends at a matched row."""
+        best, ids, boundary = 0, None, None
         for i, h in enumerate(chain_hashes(ident[:len(ident) - 1])):
             found = self.index.get(h)
             if found is None:
                 break
             best, ids = i + 1, found
+            if h in self.ends and self.items[self.ends[h]][1].states:
+                boundary = (i + 1, self.ends[h])  # an entry with states that ends here
         if ids is None:
             return 0, None
         key = max(ids)  # the newest entry holding the prefix
+        if self.items[key][1].states:  # a state cannot be cut back: only an exact boundary restores
+            if boundary is None:
+                return 0, None
+            best, key = boundary
         stored, snap, _ = self.get(key)
         if not np.array_equal(stored[:best], ident[:best]):  # a 128-bit collision: never restore a wrong prefix
             return 0, None
@@ -196,9 +211,9 @@ class KVStore(_Store):
             return
         ident = np.ascontiguousarray(ident[:snap.length])
         keys = chain_hashes(ident)
-        for h in keys:  # an entry that ends at one of our rows is a prefix of ours: ours replaces it
-            old = self.ends.get(h)
-            if old is not None:
+        for h in keys:  # an entry that ends at one of our rows is a prefix of ours: ours replaces it (KV rows can be
+            old = self.ends.get(h)  # cut back; with decoder states only the one ending where ours ends is replaced)
+            if old is not None and (not snap.states or h == keys[-1]):
                 self.remove(old)
         self._next += 1
         size = snap.nbytes + ident.nbytes
