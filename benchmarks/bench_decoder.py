@@ -118,15 +118,21 @@ class Runner:
             so.profile_file_prefix = profile_prefix
         self.ort, self.kind, self.cfg, self.capacity = ort, kind, cfg, capacity
         self.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        inputs = self.sess.get_inputs()
         shape = (1, cfg["kv_heads"], capacity, cfg["head_dim"])
-        self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2 * cfg["layers"])]
+        # the KV layers (every layer, or a hybrid decoder's attention layers) and the other states (a Gated DeltaNet
+        # layer's conv and recurrent: ours past_key_values.N.conv, genai's past.N.conv), all bound in place
+        kv = [i.name for i in inputs if i.name.startswith("past_key_values.") and i.name.endswith((".key", ".value"))]
+        self.kv = {name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for name in kv}
+        self.states = {i.name: np.zeros((1, *i.shape[1:]), np.float32) for i in inputs
+                       if i.name.startswith(("past_key_values.", "past.")) and i.name not in self.kv}
         # decoder extras (Qwen3-VL's DeepStack inputs, [1, S, hidden]): zeros, so that both graphs compute the same
         # function (genai's decoder has no such input); the adds cost the same whatever the values
         known = {"inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row",
                  "attention_mask", "position_ids"}
-        self.extras = [i.name for i in self.sess.get_inputs()
-                       if i.name not in known and not i.name.startswith("past_key_values.")]
-        self.cos = np.zeros((capacity, cfg["head_dim"] // 2), np.float32)
+        self.extras = [i.name for i in inputs if i.name not in known and not i.name.startswith(("past_key_values.",
+                                                                                                   "past."))]
+        self.cos = np.zeros((capacity, cfg["rotary_dim"] // 2), np.float32)
         self.sin = np.zeros_like(self.cos)
 
     def step(self, embeds: np.ndarray, positions: np.ndarray, past: int) -> np.ndarray:
@@ -138,7 +144,7 @@ class Runner:
         if self.kind == "ours":
             c, n = self.cfg, past + s
             rows = positions if c["mrope_section"] else positions[0]  # [3, S] M-RoPE or [S]
-            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["head_dim"], c["theta"], c["mrope_section"],
+            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["rotary_dim"], c["theta"], c["mrope_section"],
                                                              c["interleaved"])
             b.bind_cpu_input("seqlens_k", np.array([n - 1], np.int32))
             b.bind_cpu_input("total_sequence_length", np.array(n, np.int32))
@@ -150,10 +156,13 @@ class Runner:
         else:
             b.bind_cpu_input("attention_mask", np.ones((1, past + s), np.int64))
             b.bind_cpu_input("position_ids", np.ascontiguousarray(positions[:, None, :]))
-        for i in range(self.cfg["layers"]):
-            for j, kind in enumerate(("key", "value")):
-                b.bind_ortvalue_input(f"past_key_values.{i}.{kind}", self.kv[2 * i + j])
-                b.bind_ortvalue_output(f"present.{i}.{kind}", self.kv[2 * i + j])
+        for name, value in self.kv.items():
+            b.bind_ortvalue_input(name, value)
+            b.bind_ortvalue_output("present." + name.split(".", 1)[1], value)
+        for name, array in self.states.items():
+            value = self.ort.OrtValue.ortvalue_from_numpy(array)
+            b.bind_ortvalue_input(name, value)
+            b.bind_ortvalue_output("present." + name.split(".", 1)[1], value)
         b.bind_output("logits")
         self.sess.run_with_iobinding(b)
         return b.get_outputs()[-1].numpy().reshape(-1)  # logits only, not the bound KV buffers
@@ -161,6 +170,8 @@ class Runner:
     def generate(self, embed: Embedder, prompt_embeds: np.ndarray, positions: np.ndarray) -> dict:
         """Prefill + NEW_TOKENS greedy steps; positions [R, S] continue at max + 1 (Qwen's next decode
         position; LLaVA's compact positions: S)."""
+        for array in self.states.values():  # a new request starts from zero states (KV: its length says)
+            array[:] = 0
         t0 = time.perf_counter()
         logits = self.step(prompt_embeds, positions, 0)
         prefill = time.perf_counter() - t0
@@ -180,8 +191,9 @@ def text_config(checkpoint: Path) -> dict:
     needs; mrope_section None for 1-D rope)."""
     t = json.loads((checkpoint / "config.json").read_text())["text_config"]
     rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
-    return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"],
-                head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"], head_dim=head_dim,
+                rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),  # Qwen3.5: a partial rotary
                 theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)), mrope_section=rope.get("mrope_section"),
                 interleaved=bool(rope.get("mrope_interleaved", False)))
 

@@ -39,7 +39,7 @@ def position_axes(rank: int, batch, seq) -> dict:
 
 
 def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual: int = 16,
-                     extras=(), spec=None) -> dict[str, ExportSpec]:
+                     extras=(), spec=None, probe_parts=None) -> dict[str, ExportSpec]:
     """ExportSpec of embed, probe and decoder for ``model`` (family adapter ``family``).
 
     dims: the manifest dims (hidden_size, num_layers, num_kv_heads, head_dim, vocab_size). dtype: torch float
@@ -47,7 +47,8 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     extras: the decoder extras (contract.DecoderExtra), inputs float [B,S,d] after the past KV and states, on
     inputs_embeds' axes (so TensorRT profiles give them inputs_embeds' ranges). spec: the family's
     contract.DecoderSpec (v5: KV layers and states; None: KV at every layer): each state is an input [B, *shape]
-    after the past KV, dynamic on the batch axis only.
+    after the past KV, dynamic on the batch axis only. probe_parts: the probe's ProbeParts (default: the family's
+    probe_parts; a proxy's from proxy_probe_parts).
     """
     import torch
     from torch.export import Dim
@@ -67,7 +68,8 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     args = (torch.randn(1, length, d, dtype=dtype), example_positions(rank, 1, 0, length), torch.arange(3, 3 + n),
             torch.arange(length - t - 2, length - 2))
     shapes = ({1: seq}, position_axes(rank, None, seq), {0: Dim("num_visual")}, {0: Dim("num_instruction")})
-    specs["probe"] = ExportSpec(ProbeGraph(family.probe_parts(model)).eval(), args, list(PROBE_INPUTS),
+    parts = family.probe_parts(model) if probe_parts is None else probe_parts
+    specs["probe"] = ExportSpec(ProbeGraph(parts).eval(), args, list(PROBE_INPUTS),
                                 list(PROBE_OUTPUTS), shapes)
 
     hkv, hd = dims["num_kv_heads"], dims["head_dim"]
@@ -96,10 +98,31 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     return specs
 
 
-def graph_specs(family, model, config, dtype) -> dict[str, ExportSpec]:
+#: what the probe graph scores (--probe): "exact", the attention of the family's probe layer; "proxy", the family's
+#: cheaper stand-in (contract v5: Family.proxy_probe_parts; Qwen3.5: layer 0's Gated DeltaNet query / key)
+PROBE_KINDS = ("exact", "proxy")
+
+
+def check_probe(family, kind: str) -> None:
+    """ValueError (one line) unless ``family`` has a probe of ``kind`` (PROBE_KINDS)."""
+    if kind not in PROBE_KINDS:
+        raise ValueError(f"--probe must be one of {list(PROBE_KINDS)}, got {kind!r}")
+    if kind == "proxy" and getattr(family, "proxy_probe_parts", None) is None:
+        raise ValueError(f"--probe proxy: model family {family.name!r} has no proxy probe (its probe layer's "
+                         "attention is what it scores)")
+
+
+def probe_parts_for(family, model, kind: str):
+    """The ProbeParts of probe ``kind`` (PROBE_KINDS); ValueError (one line) for a family without a proxy."""
+    check_probe(family, kind)
+    return family.probe_parts(model) if kind == "exact" else family.proxy_probe_parts(model)
+
+
+def graph_specs(family, model, config, dtype, probe: str = "exact") -> dict[str, ExportSpec]:
     """ExportSpec of vision, embed, probe and decoder: the family's parts wrapped here (position rank, dims and
-    probe example from the family, contract.Family) plus the family's own vision spec."""
+    probe example from the family, contract.Family) plus the family's own vision spec. probe: PROBE_KINDS."""
     spec = family.decoder_spec(config)
     specs = text_graph_specs(family, model, family.dims(config), dtype, rank=family.position_rank,
-                             num_visual=family.probe_example_visual(config), extras=spec.extras, spec=spec)
+                             num_visual=family.probe_example_visual(config), extras=spec.extras, spec=spec,
+                             probe_parts=probe_parts_for(family, model, probe))
     return {**family.export_specs(model, config, dtype), **specs}

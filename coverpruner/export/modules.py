@@ -54,8 +54,9 @@ class ProbeGraph(nn.Module):
         self.k_norm = parts.k_norm if parts.k_norm is not None else nn.Identity()
         self.h, self.hkv, self.hd, self.scaling = parts.num_heads, parts.num_kv_heads, parts.head_dim, parts.scaling
         self.q_gate = bool(parts.q_gate)
-        self.layer = int(parts.layer)  # recorded as graphs.probe.layer
+        self.layer, self.kind = int(parts.layer), parts.kind  # recorded as graphs.probe.layer / kind
         self.prefix = parts.prefix  # layers 0..f-1 (contract v5), None at layer 0
+        self.project = parts.project  # a proxy's row-mixing projections (contract v5), else q_proj / k_proj
 
     def forward(self, inputs_embeds, position_ids, visual_positions, instruction_positions):
         if self.prefix is not None:
@@ -63,16 +64,21 @@ class ProbeGraph(nn.Module):
         hidden = self.norm(inputs_embeds)  # [1,L,d]
         seq = hidden.shape[1]
         n_q = instruction_positions.shape[0]
-        cos, sin = self.rotary(hidden, position_ids)  # [1,L,rd], in hidden.dtype like HF
-        q_in = hidden.index_select(1, instruction_positions)  # [1,T,d]
-        q = self.q_proj(q_in).view(1, n_q, self.h, -1)
+        if self.project is not None:  # projections of every row (a proxy's convolution mixes neighbours)
+            q_all, k_all = self.project(hidden)
+            q, k_rows = q_all.index_select(1, instruction_positions).view(1, n_q, self.h, -1), k_all
+        else:
+            q = self.q_proj(hidden.index_select(1, instruction_positions)).view(1, n_q, self.h, -1)  # [1,T,H,*]
+            k_rows = self.k_proj(hidden)
         if self.q_gate:  # per head: hd query values, then hd gate values (HF chunks them the same way)
             q = q[..., :self.hd]
         q = self.q_norm(q).transpose(1, 2)  # [1,H,T,hd]
-        k = self.k_norm(self.k_proj(hidden).view(1, seq, self.hkv, self.hd)).transpose(1, 2)  # [1,Hkv,L,hd]
-        cos_q, sin_q = cos.index_select(1, instruction_positions), sin.index_select(1, instruction_positions)
-        q, _ = self.apply_rope(q, q, cos_q, sin_q)
-        k, _ = self.apply_rope(k, k, cos, sin)
+        k = self.k_norm(k_rows.view(1, seq, self.hkv, self.hd)).transpose(1, 2)  # [1,Hkv,L,hd]
+        if self.rotary is not None:
+            cos, sin = self.rotary(hidden, position_ids)  # [1,L,rd], in hidden.dtype like HF
+            cos_q, sin_q = cos.index_select(1, instruction_positions), sin.index_select(1, instruction_positions)
+            q, _ = self.apply_rope(q, q, cos_q, sin_q)
+            k, _ = self.apply_rope(k, k, cos, sin)
         # GQA: query head h reads kv head h // (H/Hkv), as HF's repeat_kv.
         k = k[:, :, None].expand(1, self.hkv, self.h // self.hkv, seq, self.hd).reshape(1, self.h, seq, self.hd)
         scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * self.scaling  # [1,H,T,L] f32

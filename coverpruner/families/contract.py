@@ -197,6 +197,10 @@ class ProbeParts:
     the embeddings. f > 0 (a decoder whose first layers have no attention matrix, e.g. Gated DeltaNet layers): the
     first full-attention layer; prefix(inputs_embeds [1,L,d], position_ids) -> the hidden states entering layer f
     [1,L,d], layers 0..f-1 run on the full native sequence at native positions (torch callable).
+    project (contract v5, a family's proxy probe): project(normed hidden [1,L,d]) -> (queries [1,L,H*hd], keys
+    [1,L,Hkv*hd]) of every row, in place of q_proj / k_proj (for projections that mix rows, e.g. a causal
+    convolution); rotary None: no rotary (q_norm / k_norm, if given, still apply per head).
+    kind: "exact" (the layer's own softmax attention) or "proxy" (a stand-in score), recorded as graphs.probe.kind.
     """
 
     norm: Any
@@ -213,6 +217,8 @@ class ProbeParts:
     q_gate: bool = False
     layer: int = 0
     prefix: Any = None
+    project: Any = None
+    kind: str = "exact"
 
 
 @dataclass
@@ -445,6 +451,9 @@ class Family(Protocol):
     def probe_parts(self, model) -> ProbeParts:
         """The probe layer's pieces for export/modules.ProbeGraph (layer 0's, or with ProbeParts.layer / prefix
         the first full-attention layer's of a decoder whose first layers have no attention matrix)."""
+
+    # optional (contract v5): proxy_probe_parts(model) -> ProbeParts (kind "proxy") for `coverpruner-export --probe
+    # proxy`, a cheaper stand-in score; families without it refuse that option in one line
 
     def language_model(self, model):
         """The decoder stack: inputs_embeds [B,S,d], position_ids [B,S] or [R,B,S] -> last_hidden_state."""

@@ -14,7 +14,8 @@ imported inside the functions only; importing this module does not import it).
 * ``make_exportable``: HF's chunked gated delta rule loops over the chunks in Python (``for i in range(n)``), which
   torch.export cannot trace with a dynamic sequence length; each Gated DeltaNet instance of the loaded model is
   given ``chunk_gated_delta_rule`` below instead, the same arithmetic with the chunk loop as a torch scan (ONNX Scan,
-  which ONNX Runtime and TensorRT's parser take) and the per-chunk triangular solve by blocked forward substitution.
+  which ONNX Runtime and TensorRT's parser take) and the per-chunk triangular solve by recursive block inversion
+  (6 levels of batched matmuls for 64 rows, where HF's export branch unrolls 63 row steps).
 """
 
 from __future__ import annotations
@@ -27,9 +28,6 @@ from coverpruner.families.contract import (DecoderExtra, DecoderLayerWeights, De
 FULL, LINEAR = "full_attention", "linear_attention"
 #: tokens per chunk of the chunked rule (HF's and flash-linear-attention's default)
 CHUNK = 64
-#: rows solved by forward substitution inside one diagonal block of a chunk's triangular system; the blocks are then
-#: joined by block inversion (2 steps for 64 = 4 x 16), so the sequential part is 15 row steps, not 63
-SOLVE_BLOCK = 16
 
 
 def layer_types(text_config) -> list[str]:
@@ -149,6 +147,41 @@ def probe_parts(lm, apply_rope) -> ProbeParts:
                       prefix=Prefix() if f else None)
 
 
+def proxy_probe_parts(lm) -> ProbeParts:
+    """The cheap probe: layer 0's own Gated DeltaNet query and key (its input norm, in_proj_qkv, causal convolution
+    with SiLU, per-head L2 norm, the 1/sqrt(dk) scale) scored as a causal softmax over the native sequence, averaged
+    over its Hk key heads. A stand-in, not an attention matrix of the model: layer 0 never forms that softmax (its
+    rule reads keys through the decaying state), it sees no positions (no rotary) and unit-norm q, k score within
+    +-1/sqrt(dk), so its softmax is flat next to an attention layer's. Cost: layer 0's norm, qkv projection and
+    convolution over the sequence plus the T x L scores, no layer run in full."""
+    import torch
+
+    attn = lm.layers[0].linear_attn
+    key_dim, width = attn.key_dim, attn.conv1d.weight.shape[-1]
+
+    class Project(torch.nn.Module):
+        """normed hidden [1,L,d] -> (queries, keys) [1,L,Hk*dk]: layer 0's projection and causal convolution."""
+
+        def __init__(self):
+            super().__init__()
+            self.attn = attn
+
+        def forward(self, hidden):
+            mixed = self.attn.in_proj_qkv(hidden).transpose(1, 2)  # [1, C, L]
+            mixed = torch.nn.functional.silu(self.attn.conv1d(mixed)[..., :hidden.shape[1]]).transpose(1, 2)
+            return mixed[..., :key_dim], mixed[..., key_dim:2 * key_dim]
+
+    class L2(torch.nn.Module):
+        def forward(self, x):
+            return _l2norm(x.float()).to(x.dtype)
+
+    assert width == lm.config.linear_conv_kernel_dim  # causal: conv1d pads K-1 on both sides, the first L are kept
+    return ProbeParts(norm=lm.layers[0].input_layernorm, q_proj=None, k_proj=None, rotary=None, apply_rope=None,
+                      num_heads=attn.num_k_heads, num_kv_heads=attn.num_k_heads, head_dim=attn.head_k_dim,
+                      scaling=attn.head_k_dim ** -0.5, q_norm=L2(), k_norm=L2(), layer=0, project=Project(),
+                      kind="proxy")
+
+
 def make_exportable(lm) -> None:
     """Give every Gated DeltaNet layer of ``lm`` the exportable chunked rule (see the module docstring). Per
     instance: the layer's own forward runs with its module's chunk function swapped for the call."""
@@ -179,33 +212,25 @@ def _l2norm(x, eps: float = 1e-6):
 
 
 def unit_lower_inverse(n):
-    """(I + n)^-1 for n [..., C, C] strictly lower triangular, C a multiple of SOLVE_BLOCK: forward substitution
-    inside each diagonal block, then neighbouring blocks joined by block inversion
-    [[A, 0], [M, B]]^-1 = [[A^-1, 0], [-B^-1 M A^-1, B^-1]] until one block covers C."""
+    """(I + n)^-1 for n [..., C, C] strictly lower triangular, C a power of two: recursive block inversion from the
+    diagonal up, [[A, 0], [M, B]]^-1 = [[A^-1, 0], [-B^-1 M A^-1, B^-1]], every pair of one level at once (log2 C
+    levels of batched matmuls; the arithmetic of forward substitution, in a parallel order)."""
     import torch
 
-    c, b = n.shape[-1], SOLVE_BLOCK
-    eye = torch.eye(b, dtype=n.dtype, device=n.device)
-    invs = []
-    for start in range(0, c, b):
-        d = n[..., start:start + b, start:start + b]
-        rows = [eye[0].expand(*d.shape[:-2], b)]
-        for i in range(1, b):  # row i of (I + D)^-1: e_i - D[i, :i] @ rows[:i]
-            prev = torch.stack(rows, -2)[..., :i]  # [..., i, i]
-            r = -(d[..., i, :i].unsqueeze(-2) @ prev).squeeze(-2)
-            rows.append(torch.cat([r, eye[i, i:].expand(*r.shape[:-1], b - i)], -1))
-        invs.append(torch.stack(rows, -2))
-    size = b
-    while len(invs) > 1:
-        joined = []
-        for j in range(0, len(invs), 2):
-            s0 = j * size
-            a_inv, b_inv = invs[j], invs[j + 1]
-            low = -(b_inv @ n[..., s0 + size:s0 + 2 * size, s0:s0 + size] @ a_inv)
-            joined.append(torch.cat([torch.cat([a_inv, torch.zeros_like(a_inv)], -1),
-                                     torch.cat([low, b_inv], -1)], -2))
-        invs, size = joined, 2 * size
-    return invs[0]
+    c = n.shape[-1]
+    blocks = torch.ones(*n.shape[:-2], c, 1, 1, dtype=n.dtype, device=n.device)  # inverted diagonal blocks, size 1
+    size = 1
+    while size < c:
+        # block (2p+1, 2p) of each pair, by index (a reshape would split the symbolic leading axes)
+        start = torch.arange(0, c, 2 * size, device=n.device)
+        rows = (start + size)[:, None, None] + torch.arange(size, device=n.device)[None, :, None]
+        cols = start[:, None, None] + torch.arange(size, device=n.device)[None, None, :]
+        below = n[..., rows, cols]  # [..., c / 2size, size, size]
+        a_inv, b_inv = blocks[..., 0::2, :, :], blocks[..., 1::2, :, :]
+        low = -(b_inv @ below @ a_inv)
+        blocks = torch.cat([torch.cat([a_inv, torch.zeros_like(a_inv)], -1), torch.cat([low, b_inv], -1)], -2)
+        size *= 2
+    return blocks[..., 0, :, :]
 
 
 def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = CHUNK, initial_state=None,
@@ -214,9 +239,9 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = CHUNK, 
 
     query, key [B,S,Hk,dk], value [B,S,Hv,dv], g (log decay, <= 0) and beta [B,S,Hv], initial_state [B,Hv,dk,dv]
     or None -> (out [B,S,Hv,dv] in query's dtype, final state [B,Hv,dk,dv] float32 or None). The sequence is
-    padded with zero rows to whole chunks (one chunk more than it needs, see below); inside a chunk the UT system is
-    solved by ``unit_lower_inverse``; across chunks the state is carried by a torch scan:
-    S_{i+1} = S_i * exp(sum g_i) + K_i^T (U_i - W_i S_i).
+    padded with zero rows to whole chunks (one chunk more than it needs, see below) and a torch scan runs chunk by
+    chunk: its UT system solved by ``unit_lower_inverse``, its outputs read from the state before it and its own
+    rows, the state carried on as S_{i+1} = S_i * exp(sum g_i) + K_i^T (U_i - W_i S_i).
     """
     import torch
     from torch._higher_order_ops.scan import scan
@@ -244,26 +269,26 @@ def chunk_gated_delta_rule(query, key, value, g, beta, chunk_size: int = CHUNK, 
         out[:, :, chunk_of, slot_of] = x
         return out
 
-    q, k, v, beta, g = (padded(x) for x in (query, key, value, beta, g))
-    v_beta, k_beta = v * beta.unsqueeze(-1), k * beta.unsqueeze(-1)
-    cum = g.cumsum(dim=-1)  # log decay from the chunk's start to each position
-    upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).triu(1)
-    pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
-    inverse = unit_lower_inverse(((k_beta @ k.transpose(-1, -2)) * pair).tril(-1))
-    u = inverse @ v_beta
-    w = inverse @ (k_beta * cum.exp().unsqueeze(-1))
-    intra = (q @ k.transpose(-1, -2)) * pair
-    q = q * cum.exp().unsqueeze(-1)
-    k = k * (cum[..., -1:] - cum).exp().unsqueeze(-1)
-    decay = cum[..., -1].exp()[..., None, None]
-    state = (torch.zeros(b, h, key.shape[-1], dv, dtype=torch.float32, device=q.device) if initial_state is None
+    state = (torch.zeros(b, h, key.shape[-1], dv, dtype=torch.float32, device=key.device) if initial_state is None
              else initial_state.to(torch.float32))
 
     def step(carry, xs):
-        qi, ki, ui, wi, ai, di = xs
-        v_new = ui - wi @ carry
-        return carry * di + ki.transpose(-1, -2) @ v_new, qi @ carry + ai @ v_new
+        """One chunk: its intra-chunk system and outputs, then the state after it (all of a chunk's work inside the
+        scan body, so no tensor outside has the chunk axis among a matmul's batch axes: torch.export would guard on
+        the divisibility of their symbolic product)."""
+        qi, ki, vi, bi, gi = xs  # [b, h, C, dk], [b, h, C, dk], [b, h, C, dv], [b, h, C], [b, h, C]
+        cum = gi.cumsum(dim=-1)  # log decay from the chunk's start to each position
+        upper = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=ki.device).triu(1)
+        pair = (cum.unsqueeze(-1) - cum.unsqueeze(-2)).masked_fill(upper, float("-inf")).exp()
+        k_beta, v_beta = ki * bi.unsqueeze(-1), vi * bi.unsqueeze(-1)
+        inverse = unit_lower_inverse(((k_beta @ ki.transpose(-1, -2)) * pair).tril(-1))
+        u = inverse @ v_beta
+        w = inverse @ (k_beta * cum.exp().unsqueeze(-1))
+        v_new = u - w @ carry
+        out = (qi * cum.exp().unsqueeze(-1)) @ carry + ((qi @ ki.transpose(-1, -2)) * pair) @ v_new
+        k_decayed = ki * (cum[..., -1:] - cum).exp().unsqueeze(-1)
+        return carry * cum[..., -1].exp()[..., None, None] + k_decayed.transpose(-1, -2) @ v_new, out
 
-    state, out = scan(step, state, [x.movedim(2, 0) for x in (q, k, u, w, intra, decay)])
+    state, out = scan(step, state, [padded(x).movedim(2, 0) for x in (query, key, value, beta, g)])
     out = out.movedim(0, 2)[:, :, chunk_of, slot_of]  # [b, h, length, dv]
     return out.transpose(1, 2).contiguous().to(dtype), (state if output_final_state else None)

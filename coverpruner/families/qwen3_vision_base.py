@@ -54,12 +54,15 @@ class Qwen3VisionFamily(QwenVLFamily):
         return {**Qwen3ImageSettings.from_dict(image).to_dict(), "video": Qwen3VideoSettings.from_dict(video).to_dict()}
 
     def dims(self, config) -> dict:
+        """The decoder's and the tower's sizes (deepstack_levels only when there are any: a dim is a positive
+        size)."""
         t, v = config.text_config, config.vision_config
+        levels = self.deepstack_levels(config)
         return {
             **text_dims(t), "mrope_section": list(t.rope_parameters["mrope_section"]),
             "patch_size": v.patch_size, "spatial_merge_size": v.spatial_merge_size,
             "temporal_patch_size": v.temporal_patch_size, "vision_hidden_size": v.hidden_size,
-            "num_position_embeddings": v.num_position_embeddings, "deepstack_levels": self.deepstack_levels(config),
+            "num_position_embeddings": v.num_position_embeddings, **({"deepstack_levels": levels} if levels else {}),
             "patch_dim": v.in_channels * v.temporal_patch_size * v.patch_size ** 2,
         }
 
@@ -101,7 +104,7 @@ class Qwen3VisionFamily(QwenVLFamily):
                                                                           for k in VISION_INPUTS[1:])
         patches = Dim("num_patches", min=4)
         shapes = ({0: patches}, {0: patches}, {0: patches}, {0: patches}, {0: patches})
-        levels = dims["deepstack_levels"]
+        levels = dims.get("deepstack_levels", 0)
         return {"vision": ExportSpec(Qwen3VisionGraph(model.model.visual, levels).eval(), args, list(VISION_INPUTS),
                                      ["image_features", *extra_names(levels)], shapes)}
 

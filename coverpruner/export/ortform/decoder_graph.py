@@ -19,12 +19,12 @@ type: f32, or f16 for precision "fp16"):
 Per layer: RMSNormalization (layer 0) or SkipSimplifiedLayerNormalization -> one packed QKV MatMul (+bias) ->
 GroupQueryAttention (do_rotary, no repeat_kv, causal mask inside) -> o_proj -> SkipSimplifiedLayerNormalization -> gate/up
 MatMuls -> SiLU * up -> down. The last residual add is fused into the final norm; logits only for S-1.
-The q/k-norm attention variant (layer weights with q_norm / k_norm) runs separate Q, K, V MatMuls and a per-head
-RMSNormalization of Q and K before GQA (whose rotary comes after, as HF's Qwen3 attention); with an output gate
-(q_gate, Qwen3.5) the Q projection's per-head gate half is split off and sigmoid(gate) multiplies the attention
-output. A partial rotary (DecoderWeights.rotary["dim"] < D) is GQA's own: cos/sin tables rd/2 wide turn the first rd
-dims of each head. A Gated DeltaNet layer (contract v5) replaces the attention (export/ortform/gated_delta.py). A decoder extra
-entering after layer i is added to that layer's MLP output before the residual add that the next norm fuses
+The q/k-norm attention variant (layer weights with q_norm / k_norm) splits the packed QKV MatMul's output into Q, K
+and V and runs a per-head RMSNormalization of Q and K before GQA (whose rotary comes after, as HF's Qwen3
+attention); with an output gate (q_gate, Qwen3.5) the Q projection's per-head gate half is split off and
+sigmoid(gate) multiplies the attention output. A partial rotary (DecoderWeights.rotary["dim"] < D) is GQA's own:
+cos/sin tables rd/2 wide turn the first rd dims of each head. A Gated DeltaNet layer (contract v5) replaces the
+attention (export/ortform/gated_delta.py). A decoder extra entering after layer i is added to that layer's MLP output before the residual add that the next norm fuses
 (HF adds it to the sum: the two orders differ by fp32 rounding only).
 """
 
@@ -167,8 +167,12 @@ def _attention(g: OrtGraph, h: str, lw, i: int, nh: int, kvh: int) -> str:
         wqkv = np.concatenate([lw.q, lw.k, lw.v], 0)
         bqkv = None if lw.q_bias is None else np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
         qkv = [g.linear(h, wqkv, f"layers.{i}.qkv", bqkv), "", ""]
-    else:  # q/k norm sits between the projections and GQA's rotary: Q and K go in separately
-        q = g.linear(h, lw.q, f"layers.{i}.q_proj", lw.q_bias)
+    else:  # q/k norm sits between the projections and GQA's rotary: Q and K go in separately, from one packed MatMul
+        widths = [lw.q.shape[0], lw.k.shape[0], lw.v.shape[0]]
+        bias = None if lw.q_bias is None else np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
+        packed = g.linear(h, np.concatenate([lw.q, lw.k, lw.v], 0), f"layers.{i}.qkv", bias)
+        q, k, v = g.node("Split", [packed, g.const(f"qkv_split_{'_'.join(map(str, widths))}", np.array(widths))],
+                         [f"l{i}/q", f"l{i}/k", f"l{i}/v"], axis=-1)
         if lw.q_gate:  # [B, S, H, 2*hd] -> query and gate halves per head
             both = g.heads(q, 2 * g.head_dim, f"layers.{i}.q_gate")
             half = g.const("q_gate_split", np.array([g.head_dim, g.head_dim], np.int64))
@@ -177,8 +181,7 @@ def _attention(g: OrtGraph, h: str, lw, i: int, nh: int, kvh: int) -> str:
             gate = g.node("Sigmoid", [g.flat(gate, f"l{i}/out_gate")], [f"l{i}/out_gate_sigmoid"])[0]
         else:
             q = g.head_norm(q, lw.q_norm, f"layers.{i}.q_norm")
-        k = g.head_norm(g.linear(h, lw.k, f"layers.{i}.k_proj", lw.k_bias), lw.k_norm, f"layers.{i}.k_norm")
-        qkv = [q, k, g.linear(h, lw.v, f"layers.{i}.v_proj", lw.v_bias)]
+        qkv = [q, g.head_norm(k, lw.k_norm, f"layers.{i}.k_norm"), v]
     attn = g.node("GroupQueryAttention",
                   [*qkv, f"past_key_values.{i}.key", f"past_key_values.{i}.value", "seqlens_k",
                    "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row"],

@@ -57,5 +57,10 @@ class Qwen35Family(Qwen3VisionFamily):
         """The first full-attention layer, on the hidden states of the layers before it (gated_delta.probe_parts)."""
         return gated_delta.probe_parts(self.language_model(model), self.apply_rope())
 
+    def proxy_probe_parts(self, model) -> ProbeParts:
+        """The cheap probe (--probe proxy): layer 0's own query / key scored as a softmax (gated_delta.py says what
+        it costs and what it is not)."""
+        return gated_delta.proxy_probe_parts(self.language_model(model))
+
     def decoder_weights(self, model) -> DecoderWeights:
         return gated_delta.decoder_weights(self.language_model(model), self.lm_head(model), self.mrope_interleaved)

@@ -77,7 +77,7 @@ def _three_turns(answers: list[str]) -> list[list[dict]]:
 
 
 @pytest.mark.parametrize("budget", ["full", 16])
-def test_three_turns_with_two_images_cached_equal_the_reference(qwen35_export_ort, hf_family, budget):
+def test_three_turns_with_two_images_cached_equal_the_reference(builds, qwen35_export_ort, qwen35_checkpoint, budget):
     """Each turn == tests/conversations/reference.py's answer (independent: HF's processor and template, its own
     demand, literal selector, pruning and greedy loop); with the prefix cache the 2nd and 3rd turns restore the
     snapshot of the earlier turn's boundary (cached_tokens > 0) and answer the same as without it."""
@@ -86,7 +86,7 @@ def test_three_turns_with_two_images_cached_equal_the_reference(qwen35_export_or
 
     cached = Pipeline.load(qwen35_export_ort, threads=1, prefix_cache_mb=64)
     plain = Pipeline.load(qwen35_export_ort, threads=1, prefix_cache_mb=0)
-    fam = hf_family("qwen3_5")
+    fam = builds.memo(("qwen3_5", "conversation-reference"), lambda: R.load_family("qwen3_5", qwen35_checkpoint))
     answers = []
     for k in range(3):
         messages = _three_turns(answers)[k]
