@@ -167,7 +167,8 @@ def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     plant = {
         "families/llava/runtime.py": "\n\ndef _planted():\n    from coverpruner.runtime.errors import ImageError\n",
         "families/qwen2_5_vl/runtime.py": "\nfrom coverpruner.families.llava import LlavaRuntime\n",
-        "families/qwen_vl.py": "\n\ndef _planted():\n    from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN\n",
+        "families/qwen_vl.py":
+            "\n\ndef _planted():\n    from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN\n",
         "selection/baselines.py": "\nfrom ..engine_dir import MANIFEST\n",
         "export/selector_io.py": "\nfrom coverpruner.export import selector\n",
     }

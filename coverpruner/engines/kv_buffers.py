@@ -2,8 +2,8 @@
 (CUDA provider), behind one small interface that engines/ort_form_decoder.KVSlots drives.
 
 Both hold, per layer, a key and a value buffer [B, H_kv, C, hd] in the graph's float dtype (float32 or float16)
-and one cos / sin table of R = max(C, B) rows [R, rd/2] (rd = hd, or the dims a partial rotary turns): a call's rows are written at its start (row b*S + s for
-entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length rows, and a
+and one cos / sin table of R = max(C, B) rows [R, rd/2] (rd = hd, or the dims a partial rotary turns): a call's
+rows are written at its start (row b*S + s for entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length rows, and a
 call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each).
 
 Slot b of a buffer is the contiguous [H_kv, C, hd] block at offset b*H_kv*C*hd, so slots first..first+count-1 are

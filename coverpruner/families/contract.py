@@ -147,10 +147,11 @@ class ConversationLayout:
     instruction_turn: per image j, int64 [T_j] indices of the tokens overlapping the text parts of image j's
     message (empty when that message has no text: its weights are then uniform).
     instruction_latest: int64 [T], the same for the last user message. text: the rendered conversation.
-    turn_end (contract v5): the index of the first token of the chat template's generation prompt (the tokens
-    before it are the messages, which a later turn of the same conversation renders the same way; the generation
-    prompt itself a later turn may render otherwise, e.g. Qwen3.5's "<think>" opening); None when unknown. A
-    decoder state that cannot be cut back is snapshotted there.
+    turn_end (contract v5): the number of tokens that end at or before the chat template's generation prompt (the
+    messages, which a later turn of the same conversation renders and tokenizes the same way; the generation prompt
+    a later turn may render otherwise, e.g. Qwen3.5's "<think>" opening, and a token straddling its start, e.g.
+    LLaVA's "▁ASSISTANT:", may merge otherwise); None when unknown. A decoder state that cannot be cut back is
+    snapshotted there.
     """
 
     input_ids: np.ndarray

@@ -215,9 +215,9 @@ def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: l
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     latest = instruction(users[-1]) if users else np.zeros(0, np.int64)
     turn_end = None
-    if rendered.messages_end is not None:  # the first token starting at or after the generation prompt
-        starts = np.asarray([a for a, _ in enc.offsets], dtype=np.int64)
-        turn_end = int(np.searchsorted(starts, rendered.messages_end, side="left"))
+    if rendered.messages_end is not None:  # the tokens wholly before the generation prompt (offsets ascend)
+        ends = np.asarray([b for _, b in enc.offsets], dtype=np.int64)
+        turn_end = int(np.searchsorted(ends, rendered.messages_end, side="right"))
     return ConversationLayout(ids, image_spans, np.asarray(image_message, dtype=np.int64),
                               tuple(instruction(i) for i in image_message), latest, rendered.text, turn_end)
 

@@ -97,8 +97,8 @@ def write_qwen_vl_checkpoint(output: str | Path, preset: QwenPreset, tokenizer, 
 
     Weights: normal(0, init_range) for linears, embeddings and biases, 1 + normal for norms, created in the preset's
     dtype after torch.manual_seed(seed) (deterministic for a given seed); ``init(model, init_range)`` then re-draws
-    what a family's parameters mean otherwise (Qwen3.5's zero-centred norms and decay parameters). generation_config.json: the text config's
-    bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
+    what a family's parameters mean otherwise (Qwen3.5's zero-centred norms and decay parameters).
+    generation_config.json: the text config's bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
     """
     import torch
     from transformers import GenerationConfig

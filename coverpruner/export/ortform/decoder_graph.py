@@ -24,8 +24,9 @@ and V and runs a per-head RMSNormalization of Q and K before GQA (whose rotary c
 attention); with an output gate (q_gate, Qwen3.5) the Q projection's per-head gate half is split off and
 sigmoid(gate) multiplies the attention output. A partial rotary (DecoderWeights.rotary["dim"] < D) is GQA's own:
 cos/sin tables rd/2 wide turn the first rd dims of each head. A Gated DeltaNet layer (contract v5) replaces the
-attention (export/ortform/gated_delta.py). A decoder extra entering after layer i is added to that layer's MLP output before the residual add that the next norm fuses
-(HF adds it to the sum: the two orders differ by fp32 rounding only).
+attention (export/ortform/gated_delta.py). A decoder extra entering after layer i is added to that layer's MLP
+output before the residual add that the next norm fuses (HF adds it to the sum: the two orders differ by fp32
+rounding only).
 """
 
 from __future__ import annotations

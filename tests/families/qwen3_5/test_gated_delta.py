@@ -37,8 +37,8 @@ def test_block_inversion_equals_triangular_solve():
     from coverpruner.families.gated_delta import unit_lower_inverse
 
     gen = torch.Generator().manual_seed(0)
-    keys = torch.nn.functional.normalize(torch.randn(3, 64, 16, generator=gen) + 3 * torch.randn(3, 1, 16, generator=gen),
-                                         dim=-1)
+    noise = torch.randn(3, 64, 16, generator=gen)
+    keys = torch.nn.functional.normalize(noise + 3 * torch.randn(3, 1, 16, generator=gen), dim=-1)  # close keys
     system = (0.9 * keys @ keys.transpose(-1, -2)).tril(-1)
     eye = torch.eye(64).expand(3, 64, 64)
     want = torch.linalg.solve_triangular(eye + system, eye, upper=False, unitriangular=True)
@@ -60,7 +60,8 @@ def test_declarations_match_the_checkpoint(qwen35_hf):
     assert (parts.layer, parts.q_gate, parts.head_dim) == (3, True, 64) and parts.prefix is not None
     weights = family.decoder_weights(qwen35_hf)
     lm = qwen35_hf.model.language_model
-    np.testing.assert_array_equal(weights.layers[0].input_norm, 1 + lm.layers[0].input_layernorm.weight.detach().numpy())
+    norm = lm.layers[0].input_layernorm.weight.detach().numpy()
+    np.testing.assert_array_equal(weights.layers[0].input_norm, 1 + norm)
     assert weights.layers[3].q.shape == (4 * 2 * 64, 64) and weights.layers[0].linear.conv.shape == (128, 4)
     assert weights.rotary == {"theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True, "dim": 16}
 

@@ -27,7 +27,8 @@ def test_layout_and_positions_equal_hf(qwen35_export, qwen35_checkpoint, qwen35_
     images = [sample_image(1, (200, 240)), sample_image(2, (300, 140))]
     reasoning = "<think>\nthe sign is red\n</think>\n\n  It says STOP.  "
     messages = [{"role": "system", "content": [{"type": "text", "text": " Be brief. "}]},
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "  What does the sign say?\n"}]},
+                {"role": "user",
+                 "content": [{"type": "image"}, {"type": "text", "text": "  What does the sign say?\n"}]},
                 {"role": "assistant", "content": [{"type": "text", "text": reasoning}]},
                 {"role": "user", "content": [{"type": "text", "text": "And here? "}, {"type": "image"}]}]
     inputs, text = _hf_ids(qwen35_checkpoint, messages, images)

@@ -54,7 +54,8 @@ def test_pruned_equals_reference(builds, pipe, qwen35_hf, qwen35_checkpoint, sha
         # the probe (layers 0..2 run on the whole sequence, then layer 3's softmax) == HF's attentions[0]: float32
         # rounding of ~100-key softmaxes after three recurrent layers, measured ~1e-7
         assert np.abs(got.relevance - relevance).max() <= 1e-5
-    assert got.token_ids == ref.pruned_generate(qwen35_hf, req, keep, NEW, set(qwen35_hf.generation_config.eos_token_id))
+    eos = set(qwen35_hf.generation_config.eos_token_id)
+    assert got.token_ids == ref.pruned_generate(qwen35_hf, req, keep, NEW, eos)
 
 
 def _three_turns(answers: list[str]) -> list[list[dict]]:

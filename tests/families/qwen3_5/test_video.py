@@ -40,4 +40,5 @@ def test_video_equals_reference(qwen35_hf, qwen35_checkpoint, qwen35_export_ort,
     clip = got.images[0]
     assert (clip.kind, clip.num_visual_tokens, clip.grid_thw, clip.num_frames) == ("video", 48, [4, 6, 8], 8)
     assert clip.kept_indices.tolist() == np.sort(keep).tolist()
-    assert got.token_ids == ref.pruned_generate(qwen35_hf, req, keep, NEW, set(qwen35_hf.generation_config.eos_token_id))
+    eos = set(qwen35_hf.generation_config.eos_token_id)
+    assert got.token_ids == ref.pruned_generate(qwen35_hf, req, keep, NEW, eos)
