@@ -84,13 +84,17 @@ def text_graph_specs(family, model, dims: dict, dtype, rank: int = 1, num_visual
     past_dim = Dim("past_sequence", min=0)
     shapes = ({0: batch, 1: seq}, {0: batch, 1: Dim("total_sequence")}, position_axes(rank, batch, seq),
               tuple({0: batch, 2: past_dim} for _ in past))
-    if states or extras:  # more tuple arguments (a v3 decoder exports unchanged)
-        args += (tuple(0.1 * torch.randn(b, *st.shape, dtype=dtype if st.dtype == "model" else torch.float32)
-                       for st in states for _ in st.layers),)
-        shapes += (tuple({0: batch} for st in states for _ in st.layers),)
+    more, more_shapes = [], []  # DecoderGraph's *more: the states tuple, the extras tuple (a v3 decoder has neither)
+    if states:
+        more.append(tuple(0.1 * torch.randn(b, *st.shape, dtype=dtype if st.dtype == "model" else torch.float32)
+                          for st in states for _ in st.layers))
+        more_shapes.append(tuple({0: batch} for st in states for _ in st.layers))
     if extras:
-        args += (tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras),)
-        shapes += (tuple({0: batch, 1: seq} for _ in extras),)
+        more.append(tuple(torch.randn(b, s, d, dtype=dtype) for _ in extras))
+        more_shapes.append(tuple({0: batch, 1: seq} for _ in extras))
+    if more:  # torch.export takes one dynamic-shapes entry for all of a *args parameter
+        args += tuple(more)
+        shapes += (tuple(more_shapes),)
     module = DecoderGraph(family.language_model(model), family.lm_head(model), extras, spec).eval()
     specs["decoder"] = ExportSpec(module, args, [*DECODER_INPUTS, *past_names(kv_layers), *state_names(states),
                                                  *(e.name for e in extras)],

@@ -138,8 +138,13 @@ class DecoderGraph(nn.Module):
             return output + self._feeding[k].to(output.dtype)
         return hook
 
-    def forward(self, inputs_embeds, attention_mask, position_ids, past, states=(), extras=()):
+    def forward(self, inputs_embeds, attention_mask, position_ids, past, *more):
+        """``more``: the states tuple when the decoder has states, then the extras tuple when it has extras (never an
+        empty tuple: torch.export reads one as a list against its dynamic shapes)."""
         from transformers import DynamicCache
+
+        states = more[0] if self.states else ()
+        extras = more[-1] if self.extras else ()
 
         kv = dict(zip(self.kv_layers, zip(past[0::2], past[1::2])))
         cache = DynamicCache(ddp_cache_data=[kv.get(i, (None, None)) for i in range(self.num_layers)],
