@@ -136,14 +136,16 @@ def analyse(rows: dict, n: int, layers: int, check: int, real_layers: int = 32, 
 
 
 def proxy_probe(engine: Path, ckpt: Path, image, prompt: str, method: str, budget, new_tokens: int, repeats: int,
-                pipe, options: dict, per_layer_full: float) -> dict:
+                pipe, options: dict, per_layer_full: float, per_layer_at_budget: float, real_layers: int) -> dict:
     """The family's cheap proxy probe beside the exact one (Qwen3.5: layer 0's query / key as a softmax): a copy of
-    the engine dir (hard links) with probe.onnx re-exported --probe proxy; both pipelines' probe + select at
-    ``budget`` timed round-robin, in full-length layers (per_layer_full)."""
+    the engine dir (hard links) with probe.onnx re-exported --probe proxy, whose probe session takes turns with the
+    exact one inside ``pipe`` (one pipeline: a second would hold the decoder and token table twice); probe + select
+    at ``budget`` timed round-robin, in full-length layers (per_layer_full) and as the speed-up projected to
+    ``real_layers`` (per_layer_at_budget: the pruned prefill per layer), and the overlap of the kept rows."""
     import shutil
 
+    from coverpruner.engines.ort import OrtSessionFactory
     from coverpruner.export.exporter import ExportOptions, export_model
-    from coverpruner.runtime import Pipeline
 
     proxy_dir = engine.with_name(engine.name + "-proxy")
     if not (proxy_dir / "manifest.json").is_file():
@@ -151,19 +153,26 @@ def proxy_probe(engine: Path, ckpt: Path, image, prompt: str, method: str, budge
         (proxy_dir / "probe.onnx").unlink()
         export_model(ckpt, proxy_dir, json.loads((engine / "manifest.json").read_text())["source_model"],
                      ExportOptions(dtype="fp32", graphs=("probe",), probe="proxy", progress=False))
-    proxy = Pipeline.load(proxy_dir, provider=pipe.provider, threads=None)
-    times = {"exact": [], "proxy": []}
-    for _ in range(repeats + 1):  # the first round warms up and is dropped
-        for name, p in (("exact", pipe), ("proxy", proxy)):
-            r = p.generate(image, prompt, budget=budget, method=method, max_new_tokens=1, ignore_eos=True, **options)
-            times[name].append(r.timings["probe"] + r.timings["select"])
+    sessions = {"exact": pipe.sessions["probe"],
+                "proxy": OrtSessionFactory(pipe.provider, manifest=pipe.manifest.raw)("probe", proxy_dir / "probe.onnx")}
+    times, kept = {"exact": [], "proxy": []}, {}
+    try:
+        for _ in range(repeats + 1):  # the first round warms up and is dropped
+            for name, session in sessions.items():
+                pipe.sessions["probe"] = session
+                r = pipe.generate(image, prompt, budget=budget, method=method, max_new_tokens=1, ignore_eos=True,
+                                  **options)
+                times[name].append(r.timings["probe"] + r.timings["select"])
+                kept[name] = set(r.kept_indices.tolist())
+    finally:
+        pipe.sessions["probe"] = sessions["exact"]
     out = {}
     for name, ts in times.items():
         t = statistics.median(ts[1:])
-        out[name] = {"probe_plus_select_s": t, "over_full_length_layer": t / per_layer_full}
-    out["kept_overlap"] = len(set(pipe.generate(image, prompt, budget=budget, max_new_tokens=1).kept_indices.tolist())
-                              & set(proxy.generate(image, prompt, budget=budget, max_new_tokens=1)
-                                    .kept_indices.tolist())) / budget
+        out[name] = {"probe_plus_select_s": t, "over_full_length_layer": t / per_layer_full,
+                     # the real depth's prefill at full over the pruned one + this probe + select (as analyse)
+                     "projected_speedup": real_layers * per_layer_full / (real_layers * per_layer_at_budget + t)}
+    out["kept_overlap"] = len(kept["exact"] & kept["proxy"]) / budget
     return out
 
 
@@ -308,9 +317,9 @@ def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, chec
             "genai_full_s": t_full["vision"] + t_full["embed"] + dec["genai"]["prefill_ms"] / 1e3}
     ttft["ours_pruned_over_genai_full"] = ttft["ours_pruned_s"] / ttft["genai_full_s"]
     return {"prompt_tokens": int(positions.shape[1]), "check_budget": check, "decoder": dec, "ttft": ttft,
-            "note": "genai's builder takes Qwen3-VL's text decoder only (no DeepStack input); our DeepStack inputs "
-                    "are bound to zeros here so both graphs compute the same function (tokens_equal checks it); "
-                    "genai's TTFT borrows this run's vision and embed times"}
+            "note": "genai's builder takes the text decoder only (no vision model; for Qwen3-VL no DeepStack input: "
+                    "our decoder extras are bound to zeros here so both graphs compute the same function, "
+                    "tokens_equal checks it); genai's TTFT borrows this run's vision and embed times"}
 
 
 def plot_genai(path: Path, peer: dict, title: str) -> None:
@@ -402,9 +411,12 @@ def main(argv=None) -> int:
     if not preset.get("probe_check", True) and args.engine is None:  # a hybrid decoder: the proxy probe beside it
         analysis["proxy_probe"] = proxy_probe(engine, args.workdir / f"{args.preset}-{args.layers}l", image, prompt,
                                               args.method, preset["check"], args.new_tokens, repeats, pipe,
-                                              preset["options"], analysis["per_layer_prefill_full_s"])
+                                              preset["options"], analysis["per_layer_prefill_full_s"],
+                                              rows[str(preset["check"])]["timings"]["prefill"] / args.layers,
+                                              preset["real_layers"])
         print(f"probe + select at {preset['check']}: " + ", ".join(
-            f"{k} {v['probe_plus_select_s'] * 1e3:.0f} ms = {v['over_full_length_layer']:.2f} layers"
+            f"{k} {v['probe_plus_select_s'] * 1e3:.0f} ms = {v['over_full_length_layer']:.2f} layers, projected "
+            f"{preset['real_layers']}-layer speed-up {v['projected_speedup']:.2f}x"
             for k, v in analysis["proxy_probe"].items() if isinstance(v, dict))
             + f"; kept overlap {analysis['proxy_probe']['kept_overlap']:.2f}", flush=True)
     selector_rows = (selector_overhead(pipe, image, preset["budgets"][1:], repeats)

@@ -206,9 +206,10 @@ def build_qwen3_5_config(preset_name: str, tokenizer, layers: int | None = None)
     if layers is not None and layers < 1:
         raise ValueError(f"--layers must be >= 1, got {layers}")
     depth = p.text["num_hidden_layers"] if layers is None else layers
-    p = dataclasses.replace(p, text={**p.text, "num_hidden_layers": depth, "layer_types": layer_types(depth)})
-    return build_config(Qwen3_5Config, p, tokenizer, None, _trim_vision,
-                        tie_word_embeddings=p.extra.get("tie_word_embeddings", False))
+    tied = p.extra.get("tie_word_embeddings", False)  # the released configs say it at the top and in text_config
+    p = dataclasses.replace(p, text={**p.text, "num_hidden_layers": depth, "layer_types": layer_types(depth),
+                                     "tie_word_embeddings": tied})
+    return build_config(Qwen3_5Config, p, tokenizer, None, _trim_vision, tie_word_embeddings=tied)
 
 
 def _qwen35_init(model, std: float) -> None:

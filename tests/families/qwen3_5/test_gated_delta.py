@@ -88,7 +88,8 @@ def test_shape_real_presets_build(preset):
     assert t.layer_types == ["linear_attention"] * 3 + ["full_attention"]
     assert (t.hidden_size, t.linear_num_value_heads, t.head_dim) == (hidden, value_heads, 256)
     assert (config.vision_config.hidden_size, config.vision_config.out_hidden_size) == (vision, out)
-    assert config.tie_word_embeddings == tied and len(model.model.visual.blocks) == 4
+    # tied at the top and in text_config, as the released configs (onnxruntime-genai's builder reads text_config's)
+    assert config.tie_word_embeddings == t.tie_word_embeddings == tied and len(model.model.visual.blocks) == 4
     assert model.model.language_model.layers[3].self_attn.q_proj.weight.shape[0] == 2 * 256 * t.num_attention_heads
     assert get_family("qwen3_5").dims(config)["rotary_dim"] == 64
     full = build_qwen3_5_config(preset, train_qwen_tokenizer(), None).text_config
