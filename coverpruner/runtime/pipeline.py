@@ -191,6 +191,9 @@ class Pipeline:
         #: the decoder carries state that is not KV (contract v5, graphs.decoder.states): its prefix snapshots are
         #: taken at turn boundaries and restored whole (runtime/state_boundaries.py)
         self.decoder_states = bool(graph_spec(manifest, "decoder").states)
+        if self.decoder_states and own_loop is not None and self.decoder_form != "ort":
+            raise OptionError(f"{manifest.root}: the decoder carries state that is not KV (graphs.decoder.states); "
+                              "the native TensorRT decoder loop does not carry it yet: use provider 'cpu' or 'cuda'")
         try:
             if self.decoder_form == "ort":
                 self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,

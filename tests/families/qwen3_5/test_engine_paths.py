@@ -1,7 +1,9 @@
-"""Qwen3.5 int4 / int8 decoders (ORT form, MatMulNBits): every linear projection of both layer kinds is quantized
-(a Gated DeltaNet layer's in_proj_qkv / z / a / b and out_proj, a full layer's packed QKV and o, the MLPs, the lm_head)
-while the states and their manifest record stay as exported, and the pipeline on the quantized dir keeps the float
-engine's rows (vision and probe stay float) and answers with the 8-bit decoder as the float one does.
+"""Qwen3.5 on engine paths beyond the family matrix. int4 / int8 decoders (ORT form, MatMulNBits): every linear
+projection of both layer kinds is quantized (a Gated DeltaNet layer's in_proj_qkv / z / a / b and out_proj, a full
+layer's packed QKV and o, the MLPs, the lm_head) while the states and their manifest record stay as exported, and the
+pipeline on the quantized dir keeps the float engine's rows (vision and probe stay float) and answers with the 8-bit
+decoder as the float one does. A decoder loop that cannot carry the states (the native TensorRT one) is refused in
+one line at load.
 """
 
 from __future__ import annotations
@@ -43,3 +45,31 @@ def test_quantized_decoder_keeps_its_states(qwen35_export_ort, tmp_path, dtype):
     assert len(got.token_ids) == NEW
     if dtype == "int8":  # 8-bit weights of a 64-wide random model: the greedy answer holds
         assert got.token_ids == want.token_ids
+
+
+def test_a_decoder_loop_without_states_is_refused(qwen35_export):
+    """A session factory whose decoder brings its own KV-only loop (as the native TensorRT sessions do) cannot run a
+    decoder with states: Pipeline.load says so in one line instead of running without them."""
+    from coverpruner.engines.ort import OrtSessionFactory
+    from coverpruner.runtime.errors import OptionError
+    from coverpruner.runtime.pipeline import Pipeline
+
+    ort_factory = OrtSessionFactory("cpu", 1)
+
+    class OwnLoop:  # an ORT session with a decoder_loop attribute, as TrtSession has
+        def __init__(self, session):
+            self.session = session
+
+        def __getattr__(self, name):
+            return getattr(self.session, name)
+
+        def decoder_loop(self, *args):
+            raise AssertionError("a decoder with states must not reach a KV-only loop")
+
+    def factory(name, path):
+        session = ort_factory(name, path)
+        return OwnLoop(session) if name == "decoder" else session
+
+    with pytest.raises(OptionError, match="carries state that is not KV") as info:
+        Pipeline.load(qwen35_export, session_factory=factory)
+    assert "\n" not in str(info.value)
