@@ -13,6 +13,8 @@ Rules, in order:
 3. With what is left of the budget, requests prefill in arrival order: first the started ones, then the ready ones
    while their n slots are free (first come, first served: a request that needs more slots than are free waits,
    and so do the ones behind it). A request with a cached prefix starts after it (``Pending.done``).
+4. A chunk never runs past a request's next ``Pending.stops`` row (a row its slot must be read at: a decoder with
+   states is snapshotted at its turn boundary, runtime/engine.py).
 A long prefill is thus split into chunks across steps, each step near one decode step's time when the budget is
 set so (``--max-step-tokens``); with no budget (None) a request prefills whole, which is what a single slot does
 (there is nothing to interleave it with).
@@ -26,13 +28,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Pending:
     """A request waiting to prefill or prefilling: ``rid``, ``total`` pruned rows L', ``done`` rows already in (or
-    restored into) its slot, ``slots`` it takes (its n answers), ``started`` (it holds its slots)."""
+    restored into) its slot, ``slots`` it takes (its n answers), ``started`` (it holds its slots), ``stops``: rows
+    where a chunk must end (rule 4)."""
 
     rid: int
     total: int
     done: int = 0
     slots: int = 1
     started: bool = False
+    stops: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,7 @@ class Scheduler:
                 if p.slots > free_slots or (left < 1 and (running or chunks)):
                     break
                 free_slots -= p.slots
-            rows = max(1, int(min(p.total - p.done, left)))
+            rows = max(1, int(min(p.total - p.done, left, *(s - p.done for s in p.stops if s > p.done))))
             chunks.append(PrefillChunk(p.rid, p.done, p.done + rows, p.total))
             left -= rows
         return StepPlan(tuple(running), tuple(chunks), budget)

@@ -17,8 +17,9 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|
                  "<|image_pad|>", "<|video_pad|>"]
 
 
-def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
-    """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces.
+def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0, added: tuple[str, ...] = ()):
+    """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces, then
+    ``added``: tokens that are one id each but not special (Qwen3.5's <think> / </think>, kept when decoding).
 
     Trained on the same generated corpus as the LLaVA test tokenizer plus ChatML pieces.
     """
@@ -33,6 +34,7 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
     tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
     return tok
 
 
@@ -90,12 +92,13 @@ def check_preset(presets: dict, preset: str) -> QwenPreset:
 
 
 def write_qwen_vl_checkpoint(output: str | Path, preset: QwenPreset, tokenizer, config, model_class, generation: dict,
-                             chat_template: str, model_max_length: int, processor, seed: int = 0) -> Path:
+                             chat_template: str, model_max_length: int, processor, seed: int = 0, init=None) -> Path:
     """Write a random-weight checkpoint of `model_class(config)` into `output`; returns the directory.
 
     Weights: normal(0, init_range) for linears, embeddings and biases, 1 + normal for norms, created in the preset's
-    dtype after torch.manual_seed(seed) (deterministic for a given seed). generation_config.json: the text config's
-    bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
+    dtype after torch.manual_seed(seed) (deterministic for a given seed); ``init(model, init_range)`` then re-draws
+    what a family's parameters mean otherwise (Qwen3.5's zero-centred norms and decay parameters).
+    generation_config.json: the text config's bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
     """
     import torch
     from transformers import GenerationConfig
@@ -106,6 +109,8 @@ def write_qwen_vl_checkpoint(output: str | Path, preset: QwenPreset, tokenizer, 
     with default_dtype(getattr(torch, preset.dtype)), torch.no_grad():
         model = model_class(config)
         randomize(model, preset.init_range)
+        if init is not None:
+            init(model, preset.init_range)
     t = config.text_config
     model.generation_config = GenerationConfig(bos_token_id=t.bos_token_id, pad_token_id=t.pad_token_id,
                                                eos_token_id=[t.eos_token_id, t.bos_token_id], **generation)

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from coverpruner.families.qwen3_vl.video import (Qwen3VideoSettings, placeholder, sample_count, sample_indices,
+from coverpruner.families.qwen3_video import (Qwen3VideoSettings, placeholder, sample_count, sample_indices,
                                                  timestamps, video_smart_resize)
 
 
