@@ -20,6 +20,10 @@ class HybridLlava(LlavaFamily):
 
         return apply_rotary_pos_emb
 
+    def dims(self, config) -> dict:
+        """LLaVA's dims and the dims its partial rotary turns (what lets export pick the ORT form for it)."""
+        return {**super().dims(config), "rotary_dim": gated_delta.rotary_dim(config.text_config)}
+
     def decoder_spec(self, config):
         return gated_delta.decoder_spec(config.text_config)
 
