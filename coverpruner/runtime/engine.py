@@ -24,6 +24,11 @@ A request's way through:
                   go into the prefix cache; a request whose prefill just ended shares its prompt's blocks at once
     cancel     -> drops a request in whichever stage it is (admission checks it between stages)
 
+A decoder with state that is not KV (contract v5, ``Model.decoder_states``) keeps no KV blocks in the prefix cache:
+its request's turn boundary (Prepared.turn_end) is a row where the scheduler ends a chunk (Pending.stops) and the
+staging worker a call; there its slot is snapshotted whole (KV rows and states) into the cache's boundary store,
+and a later request restores the longest stored boundary it reaches exactly (runtime/prefix_cache.py).
+
 A failure while processing one request in a shared step (its sampling, grammar mask, stop rule, result) fails
 that request alone (an error event; its slots freed); its neighbours' answers are unchanged. A failed prefill call
 fails the requests it carried; a failed decode call fails every request it carried (each gets its error event).
