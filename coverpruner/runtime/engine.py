@@ -369,7 +369,7 @@ class Engine:
             while not self.slots.stage(job.blocks, job.whole):
                 check()
                 time.sleep(0.005)
-            reserved = True
+            reserved, job.whole = True, None  # restored: the slot holds it now
             job.t_prefill = time.perf_counter()
             while job.done < prepared.length - 1:
                 check()
@@ -408,6 +408,7 @@ class Engine:
                     job.t_prefill = time.perf_counter()
                     job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens, forks,
                                                  job.whole)
+                    job.whole = None  # restored: the slot holds it now
             except Exception as exc:  # noqa: BLE001 - this request's slot could not be opened
                 self._end(job)
                 failed.append((job, exc))
