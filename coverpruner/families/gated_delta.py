@@ -61,7 +61,7 @@ def decoder_spec(text_config, extras: tuple[DecoderExtra, ...] = ()) -> DecoderS
         states = (DecoderState("conv", linear, (conv_channels(t), t.linear_conv_kernel_dim - 1), "model"),
                   DecoderState("recurrent", linear,
                                (t.linear_num_value_heads, t.linear_key_head_dim, t.linear_value_head_dim), "float32"))
-    return DecoderSpec(extras, full, states)
+    return DecoderSpec(extras, kv_layers=full, states=states)
 
 
 def rotary_dim(text_config) -> int:
