@@ -1,6 +1,7 @@
 """Gemma 3 beyond the matrix: a three-turn conversation with two images whose pruned prompt is longer than the
-sliding window (both decoder forms == the independent HF reference), batched == alone with blocks in a batch, and
-the prefix cache restoring whole blocks only (a cut inside a crop's block would reuse rows that saw other rows)."""
+sliding window (both decoder forms == the independent HF reference), chunked prefills beside running decodes ==
+batch 1 == the HF reference with no block split between decoder calls, the prefix cache restoring whole blocks only
+(a cut inside a crop's block would reuse rows that saw other rows), and the quantized dirs."""
 
 from __future__ import annotations
 
