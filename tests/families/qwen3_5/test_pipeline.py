@@ -60,6 +60,15 @@ def test_pruned_equals_reference(builds, pipe, qwen35_hf, qwen35_checkpoint, sha
     assert got.token_ids == ref.pruned_generate(qwen35_hf, req, keep, NEW, eos)
 
 
+def _conversation_reference(builds, ckpt, answers: list[str], k: int, budget):
+    """tests/conversations/reference.py's answer to turn k of _three_turns(answers), once a session."""
+    from tests.conversations import reference as R
+
+    fam = builds.memo(("qwen3_5", "conversation-reference"), lambda: R.load_family("qwen3_5", ckpt))
+    return builds.memo(("qwen3_5", "conversation-turn", tuple(answers), k, budget),
+                       lambda: R.chat(fam, _three_turns(answers)[k], budget=budget, max_new_tokens=NEW))
+
+
 def _three_turns(answers: list[str]) -> list[list[dict]]:
     """The conversation after each of its three user turns: [user(image A + q1)], + [assistant, user(q2)],
     + [assistant, user(image B + q3)] (two images, answers the model's own)."""
@@ -85,15 +94,13 @@ def test_three_turns_with_two_images_cached_equal_the_reference(builds, qwen35_e
     demand, literal selector, pruning and greedy loop); with the prefix cache the 2nd and 3rd turns restore the
     snapshot of the earlier turn's boundary (cached_tokens > 0) and answer the same as without it."""
     from coverpruner.runtime import Pipeline
-    from tests.conversations import reference as R
 
     cached = Pipeline.load(qwen35_export_ort, threads=1, prefix_cache_mb=64)
     plain = Pipeline.load(qwen35_export_ort, threads=1, prefix_cache_mb=0)
-    fam = builds.memo(("qwen3_5", "conversation-reference"), lambda: R.load_family("qwen3_5", qwen35_checkpoint))
     answers = []
     for k in range(3):
         messages = _three_turns(answers)[k]
-        want = R.chat(fam, messages, budget=budget, max_new_tokens=NEW)
+        want = _conversation_reference(builds, qwen35_checkpoint, answers, k, budget)
         got = cached.chat(messages, budget=budget, max_new_tokens=NEW)
         again = plain.chat(messages, budget=budget, max_new_tokens=NEW)
         assert got.token_ids == again.token_ids == want.tokens, f"turn {k + 1}"
@@ -211,18 +218,16 @@ def test_second_turn_restored_from_the_prefix_cache_on_a_batch(qwen35_export_ort
     threaded one (staged after the restored snapshot): both == the conversation reference, turn 2 restores the
     whole turn-1 boundary (cached_tokens == its rows before the generation prompt, not a 16-row block multiple)."""
     from coverpruner.runtime.pipeline import Pipeline
-    from tests.conversations import reference as R
 
     pipe = Pipeline.load(qwen35_export_ort, threads=1, prefix_cache_mb=64)
-    fam = builds.memo(("qwen3_5", "conversation-reference"), lambda: R.load_family("qwen3_5", qwen35_checkpoint))
     first = _three_turns([])[0]
-    want1 = R.chat(fam, first, budget=16, max_new_tokens=NEW)
+    want1 = _conversation_reference(builds, qwen35_checkpoint, [], 0, 16)
     engine = pipe.engine(2, 512, max_step_tokens=16)
     got1 = _drain_one(engine, pipe.chat_request(first, budget=16, max_new_tokens=NEW))
     assert got1.token_ids == want1.tokens and got1.cached_tokens == 0
     (boundary,) = [len(b.ident) for b in pipe.prefix_cache.boundaries.items.values()]
     second = _three_turns([got1.text])[1]
-    want2 = R.chat(fam, second, budget=16, max_new_tokens=NEW)
+    want2 = _conversation_reference(builds, qwen35_checkpoint, [got1.text], 1, 16)
     threaded = pipe.engine(2, 512, threaded=True)
     try:
         got2 = _drain_one(threaded, pipe.chat_request(second, budget=16, max_new_tokens=NEW))
