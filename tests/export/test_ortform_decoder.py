@@ -130,6 +130,18 @@ def test_qwen_mrope_prefill_and_decode_match_transformers(qwen):
     assert dec.length == prompt + steps
 
 
+def test_ir_version_is_the_lowest_its_opsets_need(llava):
+    """An onnx package newer than the onnxruntime that loads the graph stamps an IR version that runtime refuses
+    (seen on a GPU image: onnx 1.23 wrote IR 14, onnxruntime 1.30 reads <= 13): the ORT form records the lowest
+    IR version its opsets need instead."""
+    import onnx
+
+    _, graph, _ = llava
+    model = onnx.load(str(graph), load_external_data=False)
+    opsets = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    assert opsets["ai.onnx"] == 23 and model.ir_version == 11, (opsets, model.ir_version)
+
+
 def test_llava_prefill_and_decode_match_transformers(llava):
     model, graph, d = llava
     prompt, steps = 30, 3

@@ -70,6 +70,46 @@ def test_reasoning_content_is_the_text_before_think_close(thinking):
     assert resp.output[0].content[0].text == want_reasoning and resp.output_text == want_content
 
 
+def test_full_budget_split_equals_transformers_generate(thinking, builds, demo_png):
+    """At the full budget, reasoning_content and content are transformers' own generate (HF's processor with the
+    Thinking template, HF's model, the same bias as a sequence_bias on </think>, greedy) decoded and split at
+    </think> here, streamed and not."""
+    import io
+
+    import torch
+    from PIL import Image
+
+    from coverpruner.testing.qwen3_vl_checkpoints import QWEN3_VL_THINKING_CHAT_TEMPLATE
+    from tests.families.qwen3_vl.hf_qwen3 import hf_model, hf_processor
+
+    client, _, close, messages = thinking
+    ckpt = builds.checkpoint("qwen3-vl-tiny")
+    proc = hf_processor(ckpt)
+    proc.chat_template = QWEN3_VL_THINKING_CHAT_TEMPLATE
+    text = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                                                       "text": "What is shown?"}]}],
+                                    add_generation_prompt=True, tokenize=False)
+    assert text.rstrip().endswith("<think>"), text  # the template opens the thinking
+    inputs = proc(images=[Image.open(io.BytesIO(demo_png)).convert("RGB")], text=[text], return_tensors="pt")
+    with torch.no_grad():
+        out = hf_model(str(ckpt)).generate(**inputs, max_new_tokens=40, do_sample=False,
+                                           sequence_bias={(close,): 3.0})
+    whole = proc.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:].tolist(), skip_special_tokens=True)
+    assert "</think>" in whole, whole
+    want = (whole.split("</think>")[0].strip("\n"), whole.split("</think>", 1)[1].lstrip("\n"))
+
+    kw = dict(model="tiny", messages=messages, max_tokens=40, logit_bias={str(close): 3.0},
+              extra_body={"budget": "full"})
+    m = client.chat.completions.create(**kw).choices[0].message
+    assert (m.model_extra["reasoning_content"], m.content) == want
+    reasoning, content = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            reasoning.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+            content.append(choice.delta.content or "")
+    assert ("".join(reasoning), "".join(content)) == want
+
+
 def test_a_later_turn_renders_the_reasoning(thinking):
     """The answer sent back with its reasoning_content is accepted (rendered by the template) and answered."""
     client, _, close, messages = thinking

@@ -332,6 +332,9 @@ def build_ort_decoder(weights, output: str | Path, precision: str = "fp32", bloc
                    for w in dict.fromkeys(windows)]
     graph = helper.make_graph(g.nodes, "decoder_ortform", inputs, outputs, g.inits)
     model = helper.make_model(graph, opset_imports=OPSET, producer_name="coverpruner-ortform")
+    # the lowest IR version the opsets need (11), not the onnx package's newest: onnx 1.23 stamps IR 14, which an
+    # onnxruntime older than the onnx package (1.30 reads IR <= 13) refuses to load
+    model.ir_version = helper.find_min_ir_version_for(OPSET, ignore_unknown=True)
     data.file.close()
     tmp = output.with_name(output.name + ".tmp")
     onnx.save_model(model, str(tmp))
