@@ -24,8 +24,8 @@ QWEN_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_respon
 
 def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0, added: tuple[str, ...] = ()):
     """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces, then
-    the tool-call and thinking markers (QWEN_MARKERS, added tokens that are not special), then ``added``: further
-    tokens that are one id each but not special (kept when decoding; a marker already there is not added twice).
+    ``added`` (tokens that are one id each but not special, kept when decoding), then the tool-call and thinking
+    markers (QWEN_MARKERS, added tokens that are not special) not already added.
 
     Trained on the same generated corpus as the LLaVA test tokenizer plus ChatML pieces.
     """
@@ -40,8 +40,9 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0, added: tuple[str
     chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
     tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
+    # ``added`` first (Qwen3.5's checkpoints keep <think> / </think> at the ids they had before the markers came)
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t in (*QWEN_MARKERS, *(t for t in added if t not in QWEN_MARKERS))])
+                    for t in (*added, *(t for t in QWEN_MARKERS if t not in added))])
     return tok
 
 

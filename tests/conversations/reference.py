@@ -116,11 +116,14 @@ def normalize(messages: list[dict]) -> tuple[list[dict], list]:
 
 
 def render(fam: HFFamily, hf_messages: list[dict]) -> tuple[str, list[list[tuple[int, int]]]]:
-    """The chat template's text (add_generation_prompt) and, per message, the character spans of its text parts
-    inside it. Spans are found by rendering with a unique sentinel per text part, then putting the texts back;
-    the result is checked against a plain render."""
+    """The chat template's text (add_generation_prompt) and, per system / user message, the character spans of its
+    text parts inside it (assistant turns render as given: no spans). Spans are found by rendering with a unique
+    sentinel per text part, then putting the texts back; the result is checked against a plain render."""
     marked, texts = [], []
     for i, msg in enumerate(hf_messages):
+        if msg["role"] not in ("system", "user"):  # only instructions are located; a template may reshape an
+            marked.append(msg)                      # answer's text (Qwen3.5 trims it, drops its reasoning)
+            continue
         parts = []
         for part in msg["content"]:
             if part["type"] == "text":

@@ -189,8 +189,8 @@ def _attention(g: OrtGraph, h: str, lw, i: int, nh: int, kvh: int, rotary=("rota
         qkv = [g.linear(h, wqkv, f"layers.{i}.qkv", bqkv), "", ""]
     else:  # q/k norm sits between the projections and GQA's rotary: Q and K go in separately, from one packed MatMul
         widths = [lw.q.shape[0], lw.k.shape[0], lw.v.shape[0]]
-        bias = None if lw.q_bias is None else np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
-        packed = g.linear(h, np.concatenate([lw.q, lw.k, lw.v], 0), f"layers.{i}.qkv", bias)
+        bqkv = None if lw.q_bias is None else np.concatenate([lw.q_bias, lw.k_bias, lw.v_bias], 0)
+        packed = g.linear(h, np.concatenate([lw.q, lw.k, lw.v], 0), f"layers.{i}.qkv", bqkv)
         q, k, v = g.node("Split", [packed, g.const(f"qkv_split_{'_'.join(map(str, widths))}", np.array(widths))],
                          [f"l{i}/q", f"l{i}/k", f"l{i}/v"], axis=-1)
         if lw.q_gate:  # [B, S, H, 2*hd] -> query and gate halves per head

@@ -8,7 +8,7 @@ import numpy as np
 
 from coverpruner.families.contract import ConversationLayout, GridPanel, ImageSpan, RequestOption, VisionInputs
 from coverpruner.families.gemma3.preprocess import Gemma3ImageSettings, preprocess
-from coverpruner.families.hf import CompactPositions, HFRuntime
+from coverpruner.families.hf import LOCATED_ROLES, CompactPositions, HFRuntime
 
 #: the chat template's image placeholder (Gemma3Processor expands it); the rows are IMAGE_SOFT_TOKEN
 BOI_TOKEN = "<start_of_image>"
@@ -91,12 +91,15 @@ class Gemma3Runtime(CompactPositions, HFRuntime):
         return placeholder(self.tokens, crops)
 
     def conversation_layout(self, tokenizer, messages: list[dict], rows_per_image: list[int],
-                            media: list[dict] | None = None) -> ConversationLayout:
+                            media: list[dict] | None = None, tools: list | None = None,
+                            template_kwargs: dict | None = None) -> ConversationLayout:
         """The HF base's layout with Gemma's template semantics: it trims the text parts of every turn (``| trim``;
         a leading system message's text is used as written), and each image placeholder becomes Gemma3Processor's
-        sequence (media: each image's facts; None: no crops)."""
+        sequence (media: each image's facts; None: no crops). Only the turns whose text goes through the template as
+        sentinels (hf.LOCATED_ROLES) are trimmed here; assistant turns reach the template as given, which trims them."""
         trimmed = [{**m, "content": [{**p, "text": p["text"].strip()} if p["type"] == "text" else p
-                                     for p in m["content"]]} if i or m["role"] != "system" else m
+                                     for p in m["content"]]} if (i or m["role"] != "system")
+                   and m["role"] in LOCATED_ROLES else m
                    for i, m in enumerate(messages)]
         media = media if media is not None else [{} for _ in rows_per_image]
-        return super().conversation_layout(tokenizer, trimmed, rows_per_image, media)
+        return super().conversation_layout(tokenizer, trimmed, rows_per_image, media, tools, template_kwargs)

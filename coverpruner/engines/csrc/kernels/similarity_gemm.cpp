@@ -76,13 +76,21 @@ int similarity_gemm(void* cublas, void* stream, void const* normalized, bool fp1
     const float alpha = 1.f, beta = 0.f;
     const cudaDataType in_type = fp16 ? CUDA_R_16F : CUDA_R_32F;
     const long long stride_v = static_cast<long long>(n) * d, stride_m = static_cast<long long>(n) * n;
-    st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d, &alpha, normalized, in_type, d,
-        stride_v, normalized, in_type, d, stride_v, &beta, sim, CUDA_R_32F, n, stride_m, batch, CUBLAS_COMPUTE_32F,
-        CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
+    // One GEMM per batch item, each with batchCount 1: cuBLAS picks its algorithm (tiling, split-K) by the batch
+    // count too, so one strided call over 3 items rounded M differently from 3 single calls on an H200 and a
+    // batch's picks differed from each item's alone on near-ties. The same call per item keeps batched == alone.
+    const size_t item = fp16 ? 2 : 4;
+    for (int b = 0; b < batch; ++b)
     {
-        *error = std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(st);
-        return CP_ERR_CUBLAS;
+        void const* vb = static_cast<char const*>(normalized) + static_cast<size_t>(b) * stride_v * item;
+        st = cublasGemmStridedBatchedEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, n, n, d, &alpha, vb, in_type, d, stride_v,
+            vb, in_type, d, stride_v, &beta, sim + static_cast<size_t>(b) * stride_m, CUDA_R_32F, n, stride_m, 1,
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+        {
+            *error = std::string("cublasGemmStridedBatchedEx: ") + cublasGetStatusString(st);
+            return CP_ERR_CUBLAS;
+        }
     }
     return CP_OK;
 }
