@@ -133,6 +133,12 @@ class Model:
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
         #: "standard" or "ort" (graphs.decoder.form): the ORT form has its own in-place KV loop
         self.decoder_form = manifest.decoder_form
+        #: the decoder carries state that is not KV (contract v5, graphs.decoder.states): its prefix cache keeps
+        #: whole snapshots at turn boundaries instead of KV blocks (runtime/prefix_cache.py, runtime/engine.py)
+        self.decoder_states = bool(graph_spec(manifest, "decoder").states)
+        if self.decoder_states and own_loop is not None and self.decoder_form != "ort":
+            raise OptionError(f"{manifest.root}: the decoder carries state that is not KV (graphs.decoder.states); "
+                              "the native TensorRT decoder loop does not carry it yet: use provider 'cpu' or 'cuda'")
         try:
             if self.decoder_form == "ort":
                 self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,
