@@ -58,6 +58,31 @@ def decoder_layout(inputs) -> tuple[tuple[int, ...], tuple[StateSlot, ...]]:
     return tuple(sorted(kv)), tuple(states)
 
 
+def dims_problem(inputs, num_layers: int, num_kv_heads: int, head_dim: int) -> str | None:
+    """What a manifest's dims (num_layers, num_kv_heads, head_dim) get wrong about a decoder graph whose inputs
+    (items with .name and .shape, as onnxruntime's get_inputs) are ``inputs``, as "field dims.X is A; ..." (one
+    line), or None when they agree. The layers are those the cache inputs past_key_values.{layer}.{kind} name (every
+    layer holds a KV cache or a state: KV and states are both read from the graph, so a wrong depth would otherwise
+    pass unnoticed); H_kv and hd are a KV input's static axes [B, H_kv, T, hd]."""
+    layers, kv = set(), None
+    for item in inputs:
+        m = _CACHE_INPUT.match(item.name)
+        if m is None:
+            continue
+        layers.add(int(m.group(1)))
+        if m.group(2) in ("key", "value") and kv is None:
+            kv = item
+    if layers and layers != set(range(num_layers)):
+        return (f"field dims.num_layers is {num_layers}; the decoder graph's cache inputs (past_key_values.N.*) "
+                f"name layers {min(layers)}..{max(layers)} ({len(layers)} layers)")
+    shape = list(getattr(kv, "shape", None) or [])
+    for field, want, axis in (("num_kv_heads", num_kv_heads, 1), ("head_dim", head_dim, 3)):
+        got = shape[axis] if len(shape) == 4 else None
+        if isinstance(got, int) and got > 0 and got != want:
+            return f"field dims.{field} is {want}; the decoder graph's {kv.name} has {got} (axes [B, H_kv, T, hd])"
+    return None
+
+
 class HostStates:
     """The decoder states of ``batch`` slots in host memory, bound in place (module docstring); zero at start."""
 

@@ -73,6 +73,22 @@ def test_layout_found_in_the_graph(graph):
         [(i, "recurrent", (4, 16, 16), np.float32) for i in range(3)]
 
 
+
+def test_manifest_dims_checked_against_the_graph(model, graph):
+    """The KV layers and states are read from the graph, so a manifest whose depth or KV geometry disagrees with it
+    is named (field, the manifest's value, the graph's) instead of running: 3 state layers + 1 KV layer = 4."""
+    from coverpruner.engines.state_buffers import dims_problem
+
+    inputs, cfg = graph[0].get_inputs(), model.config.text_config
+    h, hd = cfg.num_key_value_heads, cfg.head_dim
+    assert dims_problem(inputs, 4, h, hd) is None
+    for layers in (3, 5):
+        assert dims_problem(inputs, layers, h, hd) == (f"field dims.num_layers is {layers}; the decoder graph's cache "
+                                                       "inputs (past_key_values.N.*) name layers 0..3 (4 layers)")
+    assert dims_problem(inputs, 4, h + 1, hd) == (f"field dims.num_kv_heads is {h + 1}; the decoder graph's "
+                                                  f"past_key_values.3.key has {h} (axes [B, H_kv, T, hd])")
+    assert "field dims.head_dim is 8;" in dims_problem(inputs, 4, h, 8)
+
 def test_session_prefill_decode_snapshot_restore_equal_hf(model, graph):
     """OrtFormDecoderSession: a 70-row prefill in two calls (30 + 40: the second continues from the states the first
     left), a decode step, and a restore of the 30-row snapshot continued again == HF's hybrid cache."""
