@@ -13,10 +13,11 @@ rows and compact positions (HF generate's defaults), HF's hybrid cache in genera
 from __future__ import annotations
 
 import shutil
-import sys
 
 import numpy as np
 import pytest
+
+from tests.contract.planting import image, want  # noqa: F401 - the planted tests' shared fixtures
 
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch", reason="the reference runs the PyTorch model")
@@ -63,64 +64,26 @@ def _hybrid_checkpoint(tiny, out):
 @pytest.fixture(scope="module")
 def planted(builds, tmp_path_factory):
     """(checkpoint dir, {form: engine dir}) exported with the planted family registered."""
-    import coverpruner.families as families
-    from coverpruner.export.exporter import ExportOptions, export_model
     from tests.contract import planted_hybrid
+    from tests.contract.planting import planted as plant
 
     root = tmp_path_factory.mktemp("planted_state")
-    shutil.copytree(planted_hybrid.__path__[0], root / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
     checkpoint = root / "checkpoint"
     _hybrid_checkpoint(builds.checkpoint("tiny"), checkpoint)
-    sys.path.insert(0, str(root))
-    entry = __import__(PACKAGE).FAMILY
-    saved = families.FAMILIES
-    families.FAMILIES = {PACKAGE: entry, **saved}  # first: the llava model_type finds the planted family
-    families.get_family.cache_clear()
-    try:
-        exports = {}
-        for form in ("ort", "standard"):
-            exports[form] = root / f"export_{form}"
-            export_model(checkpoint, exports[form], "planted", ExportOptions(dtype="fp32", progress=False,
-                                                                               decoder_form=form))
+    with plant(planted_hybrid, checkpoint, root) as exports:
         yield checkpoint, exports
-    finally:
-        families.FAMILIES = saved
-        families.get_family.cache_clear()
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m == PACKAGE or m.startswith(PACKAGE + ".")]:
-            del sys.modules[name]
 
 
-@pytest.fixture(scope="module")
-def image():
-    from PIL import Image
-
-    rng = np.random.default_rng(3)
-    return Image.fromarray(rng.integers(0, 256, (180, 240, 3), dtype=np.uint8))
-
-
-@pytest.fixture(scope="module")
-def want(planted, image):
+def reference(checkpoint, image):
     """(new token ids, kept indices, demand [n]) of the HF reference."""
-    import transformers
-
+    from tests.contract.planting import llava_request
     from tests.families.llava import hf_reference as ref
     from tests.literal_selection import coverage_reference
 
-    model = transformers.LlavaForConditionalGeneration.from_pretrained(str(planted[0]), attn_implementation="eager")
-    model.eval()
-    processor = transformers.AutoProcessor.from_pretrained(str(planted[0]))
-    inputs, text = ref.hf_inputs(processor, image, PROMPT)
-    ids = inputs["input_ids"][0]
-    image_id = model.config.image_token_id
-    vpos = torch.nonzero(ids == image_id).flatten()
-    instr = ref.instruction_positions(processor, text, PROMPT, ids, image_id)
-    feats = ref.hf_image_features(model, inputs["pixel_values"])
-    with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids[None]).clone()
-    embeds[0, vpos] = feats
+    model, ids, vpos, instr, feats, embeds = llava_request(checkpoint, image, PROMPT)
     relevance = ref.hf_layer0_relevance(model, embeds, vpos.numpy(), instr)  # HF's attentions[0]: layer 3's
     keep = coverage_reference(feats.numpy(), relevance, BUDGET, 0.3)
+    image_id = model.config.image_token_id
     rows = torch.sort(torch.cat([torch.nonzero(ids != image_id).flatten(), vpos[torch.from_numpy(keep)]])).values
     with torch.no_grad():
         out = model.generate(inputs_embeds=embeds[:, rows], attention_mask=torch.ones(1, len(rows), dtype=torch.long),
