@@ -22,12 +22,18 @@ int4 against q4_0, round-robin.
     python benchmarks/bench_decoder.py --workdir /tmp/bench_decoder --rounds 5      # both comparisons
     python benchmarks/bench_decoder.py --only llama --rounds 5                       # llama.cpp side only
     python benchmarks/bench_decoder.py --only genai --model qwen3-vl-8b --rounds 5   # Qwen3-VL-8B widths
+    python benchmarks/bench_decoder.py --only genai --model qwen3.5-4b --rounds 5    # Qwen3.5-4B widths
 
 --model qwen3-vl-8b: the same comparison at Qwen3-VL-8B widths (q/k norm, interleaved M-RoPE; a 1,048-token prompt
 around a 32x32 grid). onnxruntime-genai 0.18's builder takes Qwen3-VL as its text decoder only, without DeepStack
 inputs; our decoder's DeepStack inputs are bound to zeros, so both graphs compute the same function.
 Writes benchmarks/results/decoder_peers_cpu.json and .png (--only genai / llama: decoder_genai_cpu.*,
 decoder_llama_cpu.*; --model qwen3-vl-8b: decoder_genai_qwen3-vl-8b_cpu.*).
+
+--model qwen3.5-4b: Qwen3.5-4B widths, 4 layers (3 Gated DeltaNet + 1 gated full-attention layer with a partial
+rotary), a 1,048-token prompt around a 32x32 grid; genai 0.18's builder exports qwen3_5 natively (its
+CausalConvWithState and LinearAttention contrib ops, which our ORT form uses too). Both graphs' conv and recurrent
+states are bound in place like the KV buffers and zeroed before each prefill.
 """
 
 from __future__ import annotations
@@ -49,9 +55,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 PROMPT = (15, 36, 9)  # text tokens, image grid side (merged patches), text tokens after the image
-#: --model: the shape-real preset whose 2-layer checkpoint both decoders are built from, and its image grid side
-#: (Qwen2.5-VL-7B at 1008x1008: 36 x 36 merged patches; Qwen3-VL-8B at 1024x1024: 32 x 32)
-MODELS = {"qwen2.5-vl-7b": 36, "qwen3-vl-8b": 32}
+#: --model: the shape-real preset both decoders are built from -> (its image grid side, decoder layers): Qwen2.5-VL-7B
+#: at 1008x1008 (36 x 36 merged patches), Qwen3-VL-8B and Qwen3.5-4B at 1024x1024 (32 x 32); 2 layers, Qwen3.5-4B 4
+#: (3 Gated DeltaNet layers + 1 full-attention layer, one group of its real 3:1 stack)
+MODELS = {"qwen2.5-vl-7b": (36, 2), "qwen3-vl-8b": (32, 2), "qwen3.5-4b": (32, 4)}
 NEW_TOKENS = 16
 LLAVA_PROMPT = 604  # LLaVA-1.5: 576 image tokens + the chat template and a question
 
@@ -69,11 +76,12 @@ def native_positions(pre: int = PROMPT[0], side: int = PROMPT[1], post: int = PR
 
 
 def prepare(workdir: Path, engines: list[str], model: str = "qwen2.5-vl-7b") -> dict[str, Path]:
-    """Checkpoint (the shape-real preset `model`, 2 layers) and the four decoder graphs (built once, reused)."""
-    ckpt = workdir / f"{model}-2l"
+    """Checkpoint (the shape-real preset `model`, MODELS' layers) and the four decoder graphs (built once, reused)."""
+    layers = MODELS[model][1]
+    ckpt = workdir / f"{model}-{layers}l"
     if not (ckpt / "config.json").exists():
         from coverpruner.testing.checkpoints import write_checkpoint
-        write_checkpoint(ckpt, preset=model, layers=2, seed=0)
+        write_checkpoint(ckpt, preset=model, layers=layers, seed=0)
     prefix = "" if model == "qwen2.5-vl-7b" else f"{model}-"  # the Qwen2.5-VL graphs keep their old folder names
     paths = {"checkpoint": ckpt, **_ours(ckpt, workdir, f"{prefix}ours")}
     if "genai" in engines:
@@ -118,15 +126,21 @@ class Runner:
             so.profile_file_prefix = profile_prefix
         self.ort, self.kind, self.cfg, self.capacity = ort, kind, cfg, capacity
         self.sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        inputs = self.sess.get_inputs()
         shape = (1, cfg["kv_heads"], capacity, cfg["head_dim"])
-        self.kv = [ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for _ in range(2 * cfg["layers"])]
+        # the KV layers (every layer, or a hybrid decoder's attention layers) and the other states (a Gated DeltaNet
+        # layer's conv and recurrent: ours past_key_values.N.conv, genai's past.N.conv), all bound in place
+        kv = [i.name for i in inputs if i.name.startswith("past_key_values.") and i.name.endswith((".key", ".value"))]
+        self.kv = {name: ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, np.float32)) for name in kv}
+        self.states = {i.name: np.zeros((1, *i.shape[1:]), np.float32) for i in inputs
+                       if i.name.startswith(("past_key_values.", "past.")) and i.name not in self.kv}
         # decoder extras (Qwen3-VL's DeepStack inputs, [1, S, hidden]): zeros, so that both graphs compute the same
         # function (genai's decoder has no such input); the adds cost the same whatever the values
         known = {"inputs_embeds", "seqlens_k", "total_sequence_length", "rotary_cos", "rotary_sin", "rotary_row",
                  "attention_mask", "position_ids"}
-        self.extras = [i.name for i in self.sess.get_inputs()
-                       if i.name not in known and not i.name.startswith("past_key_values.")]
-        self.cos = np.zeros((capacity, cfg["head_dim"] // 2), np.float32)
+        self.extras = [i.name for i in inputs if i.name not in known and not i.name.startswith(("past_key_values.",
+                                                                                                   "past."))]
+        self.cos = np.zeros((capacity, cfg["rotary_dim"] // 2), np.float32)
         self.sin = np.zeros_like(self.cos)
 
     def step(self, embeds: np.ndarray, positions: np.ndarray, past: int) -> np.ndarray:
@@ -138,7 +152,7 @@ class Runner:
         if self.kind == "ours":
             c, n = self.cfg, past + s
             rows = positions if c["mrope_section"] else positions[0]  # [3, S] M-RoPE or [S]
-            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["head_dim"], c["theta"], c["mrope_section"],
+            self.cos[past:n], self.sin[past:n] = rotary_rows(rows, c["rotary_dim"], c["theta"], c["mrope_section"],
                                                              c["interleaved"])
             b.bind_cpu_input("seqlens_k", np.array([n - 1], np.int32))
             b.bind_cpu_input("total_sequence_length", np.array(n, np.int32))
@@ -150,10 +164,13 @@ class Runner:
         else:
             b.bind_cpu_input("attention_mask", np.ones((1, past + s), np.int64))
             b.bind_cpu_input("position_ids", np.ascontiguousarray(positions[:, None, :]))
-        for i in range(self.cfg["layers"]):
-            for j, kind in enumerate(("key", "value")):
-                b.bind_ortvalue_input(f"past_key_values.{i}.{kind}", self.kv[2 * i + j])
-                b.bind_ortvalue_output(f"present.{i}.{kind}", self.kv[2 * i + j])
+        for name, value in self.kv.items():
+            b.bind_ortvalue_input(name, value)
+            b.bind_ortvalue_output("present." + name.split(".", 1)[1], value)
+        for name, array in self.states.items():
+            value = self.ort.OrtValue.ortvalue_from_numpy(array)
+            b.bind_ortvalue_input(name, value)
+            b.bind_ortvalue_output("present." + name.split(".", 1)[1], value)
         b.bind_output("logits")
         self.sess.run_with_iobinding(b)
         return b.get_outputs()[-1].numpy().reshape(-1)  # logits only, not the bound KV buffers
@@ -161,6 +178,8 @@ class Runner:
     def generate(self, embed: Embedder, prompt_embeds: np.ndarray, positions: np.ndarray) -> dict:
         """Prefill + NEW_TOKENS greedy steps; positions [R, S] continue at max + 1 (Qwen's next decode
         position; LLaVA's compact positions: S)."""
+        for array in self.states.values():  # a new request starts from zero states (KV: its length says)
+            array[:] = 0
         t0 = time.perf_counter()
         logits = self.step(prompt_embeds, positions, 0)
         prefill = time.perf_counter() - t0
@@ -180,8 +199,9 @@ def text_config(checkpoint: Path) -> dict:
     needs; mrope_section None for 1-D rope)."""
     t = json.loads((checkpoint / "config.json").read_text())["text_config"]
     rope = t.get("rope_parameters") or t.get("rope_scaling") or {}
-    return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"],
-                head_dim=t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"],
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    return dict(layers=t["num_hidden_layers"], kv_heads=t["num_key_value_heads"], head_dim=head_dim,
+                rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),  # Qwen3.5: a partial rotary
                 theta=rope.get("rope_theta", t.get("rope_theta", 10000.0)), mrope_section=rope.get("mrope_section"),
                 interleaved=bool(rope.get("mrope_interleaved", False)))
 
@@ -311,8 +331,8 @@ def summarize(rows: dict, peer: str) -> dict:
 
 
 def same_int4_weights(ours: Path, genai: Path) -> dict:
-    """Are layer 0's q_proj and lm_head 4-bit blocks and scales byte-identical between our int4 graph (q is the
-    first rows of the packed QKV) and genai's?"""
+    """Are layer 0's q_proj (None when it has none) and lm_head 4-bit blocks and scales byte-identical between our
+    int4 graph (q is the first rows of the packed QKV) and genai's?"""
     import onnx
     from onnx import numpy_helper
 
@@ -327,15 +347,19 @@ def same_int4_weights(ours: Path, genai: Path) -> dict:
     g = load(genai, {"model.layers.0.attn.q_proj.MatMul.weight_Q4", "model.layers.0.attn.q_proj.MatMul.weight_scales",
                      "lm_head.MatMul.weight_Q4", "lm_head.MatMul.weight_scales"})
     o = load(ours, {"layers.0.qkv.qweight", "layers.0.qkv.scales", "lm_head.qweight", "lm_head.scales"})
-    gq, gs = g["model.layers.0.attn.q_proj.MatMul.weight_Q4"], g["model.layers.0.attn.q_proj.MatMul.weight_scales"]
-    return {"layer0_q_proj": bool(np.array_equal(gq, o["layers.0.qkv.qweight"][:len(gq)])
-                                  and np.array_equal(gs.reshape(-1), o["layers.0.qkv.scales"][:gs.size])),
+    layer0 = None  # a hybrid decoder's layer 0 has no q_proj (a Gated DeltaNet layer)
+    if "model.layers.0.attn.q_proj.MatMul.weight_Q4" in g and "layers.0.qkv.qweight" in o:
+        gq, gs = g["model.layers.0.attn.q_proj.MatMul.weight_Q4"], g["model.layers.0.attn.q_proj.MatMul.weight_scales"]
+        layer0 = bool(np.array_equal(gq, o["layers.0.qkv.qweight"][:len(gq)])
+                      and np.array_equal(gs.reshape(-1), o["layers.0.qkv.scales"][:gs.size]))
+    return {"layer0_q_proj": layer0,
             "lm_head": bool(np.array_equal(g["lm_head.MatMul.weight_Q4"].reshape(-1), o["lm_head.qweight"].reshape(-1))
                             and np.array_equal(g["lm_head.MatMul.weight_scales"].reshape(-1), o["lm_head.scales"]))}
 
 
 def run(args) -> dict:
-    """Ours vs onnxruntime-genai on the --model preset's decoder widths (2 layers), fp32 and int4, round-robin."""
+    """Ours vs onnxruntime-genai on the --model preset's decoder widths (MODELS' layers), fp32 and int4,
+    round-robin."""
     engines = ["ours"]
     skipped = {}
     if importlib.util.find_spec("onnxruntime_genai") is None:
@@ -345,7 +369,7 @@ def run(args) -> dict:
     paths = prepare(args.workdir, engines, args.model)
     cfg = text_config(paths["checkpoint"])
     embed = Embedder(paths["checkpoint"])
-    positions = native_positions(PROMPT[0], MODELS[args.model], PROMPT[2])
+    positions = native_positions(PROMPT[0], MODELS[args.model][0], PROMPT[2])
     ids = np.random.default_rng(0).integers(0, 1000, positions.shape[1])
     prompt = embed(ids)
     capacity = positions.shape[1] + NEW_TOKENS
@@ -369,7 +393,7 @@ def run(args) -> dict:
     results["int4"]["fp32_prefill_logits_max_abs"] = float(np.abs(first["fp32"]["ours"]).max())
     if "genai" in engines:
         results["int4"]["same_4bit_weights_as_genai"] = same_int4_weights(paths["ours-int4"], paths["genai-int4"])
-    return {"checkpoint": f"{args.model} preset, 2 decoder layers, random weights",
+    return {"checkpoint": f"{args.model} preset, {MODELS[args.model][1]} decoder layers, random weights",
             "prompt_tokens": int(positions.shape[1]), "results": results, "skipped": skipped,
             "onnxruntime_genai": getattr(__import__("onnxruntime_genai"), "__version__", None)
             if "genai" in engines else None}
@@ -402,7 +426,7 @@ def plot(data: dict, png: Path) -> None:
             ax.set_title(f"{part['checkpoint'].split(',')[0]}: {title}", fontsize=9)
             for i, v in enumerate(values):
                 ax.text(i, v, f"{v:.1f}", ha="center", va="bottom", fontsize=8)
-    fig.suptitle(f"2-layer decoders at real widths, {data['threads']} threads, ORT CPU: ours (ORT form) vs peers; "
+    fig.suptitle(f"few-layer decoders at real widths, {data['threads']} threads, ORT CPU: ours (ORT form) vs peers; "
                  f"load {data['platform']['load_average_1min']:.1f}", fontsize=10)
     fig.tight_layout()
     fig.savefig(png, dpi=100)

@@ -12,9 +12,10 @@ grouped: the decoder's per layer (`layers.<i>.`) and the rest (lm_head, final no
 embeddings, the main merger); the probe, embed and selector graphs whole. The real model is the rest + its real
 depth x the mean per-layer (per-block, per-merger) bytes, with the depths from the preset's config. Bytes as
 deployed on Orin: packed int4 weights as stored, every float tensor (int4 scales, norms, vision, token table) at
-fp16 (the `--dtype fp16 --quantize int4` form), KV cache fp16 at 4,096 tokens. RESERVE_GB and the modules are
-bench_quant's (the LLaVA-1.5-7B projection). Writes benchmarks/results/orin_memory.json and a markdown table on
-stdout.
+fp16 (the `--dtype fp16 --quantize int4` form), KV cache fp16 at 4,096 tokens (a hybrid decoder's: its
+full-attention layers only, plus its fixed-size Gated DeltaNet states, from the engine dir's graphs.decoder record).
+RESERVE_GB and the modules are bench_quant's (the LLaVA-1.5-7B projection). Writes benchmarks/results/orin_memory.json
+and a markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -110,12 +111,17 @@ def project(engine: Path, preset: str) -> dict:
         if (engine / f"{graph}.onnx").is_file():
             parts[graph] = {"gb": sum(b for _, b, _ in initializer_bytes(engine / f"{graph}.onnx")) / 1e9}
     t = p.text
-    kv_per_token = 2 * real["layers"] * t["num_key_value_heads"] * t["head_dim"] * 2  # K and V, fp16
+    kv_layers, states = real_cache_layers(manifest["graphs"]["decoder"], len(per_layer), real["layers"])
+    kv_per_token = 2 * kv_layers * t["num_key_value_heads"] * t["head_dim"] * 2  # K and V, fp16
     weights = sum(v["gb"] for v in parts.values()) * 1e9
-    total = weights + kv_per_token * CONTEXT
-    devices = device_fits(weights, kv_per_token)
+    # a hybrid decoder's states (contract v5) are a fixed size per sequence, whatever its length: counted with the
+    # weights when the context that fits is worked out
+    fixed = weights + states
+    total = fixed + kv_per_token * CONTEXT
+    devices = device_fits(fixed, kv_per_token)
     out = {"preset": preset, "engine": str(engine), "engine_precision": manifest.get("quantization"),
-           "real_depth": real, "parts": parts, "weights_gb": weights / 1e9, "kv_per_token_mb": kv_per_token / 1e6,
+           "real_depth": {**real, "kv_layers": kv_layers}, "parts": parts, "weights_gb": weights / 1e9,
+           "states_gb": states / 1e9, "kv_per_token_mb": kv_per_token / 1e6,
            "kv_4k_gb": kv_per_token * CONTEXT / 1e9, "total_4k_gb": total / 1e9, "devices": devices}
     if "layer_pattern" in t:  # sliding-window layers: what a cache bounded by the window would hold at 4k
         pattern = t["layer_pattern"]
@@ -126,9 +132,23 @@ def project(engine: Path, preset: str) -> dict:
     return out
 
 
+def real_cache_layers(record: dict, shape_layers: int, real_layers: int) -> tuple[int, float]:
+    """(KV layers, state bytes of one sequence) of the real depth from the engine dir's graphs.decoder record: a
+    decoder with states (contract v5) records its KV layers and its states per layer at the shape-real depth, whose
+    layers are one whole group of the real stack's pattern (Qwen3.5: 3 Gated DeltaNet + 1 full), so each kind scales
+    by real / shape-real layers. States as deployed: a float32 one (the recurrent state) at 4 bytes, the others at
+    fp16."""
+    if "kv_layers" not in record:
+        return real_layers, 0.0
+    scale = real_layers / shape_layers
+    states = sum(round(len(s["layers"]) * scale) * float(np.prod(s["shape"])) * (4 if s["dtype"] == "float32" else 2)
+                 for s in record.get("states", ()))
+    return round(len(record["kv_layers"]) * scale), states
+
+
 def markdown(rows: list[dict]) -> str:
     head = ("| model (int4 decoder, fp16 rest) | decoder | vision (+DeepStack) | embed + probe + selectors | KV 4k "
-            "| total | " + " | ".join(DEVICES) + " |")
+            "(+ states) | total | " + " | ".join(DEVICES) + " |")
     lines = [head, "|" + "---|" * (6 + len(DEVICES))]
     for r in rows:
         p = r["parts"]
@@ -138,8 +158,9 @@ def markdown(rows: list[dict]) -> str:
             d = r["devices"][name]
             fits.append("yes" if d["fits_4k"] else ("no" if d["max_context"] == 0
                                                     else f"not at 4k (max context {d['max_context']})"))
+        states = f" + {r['states_gb']:.3f} GB" if r.get("states_gb") else ""
         lines.append(f"| {r['preset']} | {p['decoder']['gb']:.2f} GB | {p['vision']['gb']:.2f} GB | {small:.2f} GB "
-                     f"| {r['kv_4k_gb']:.2f} GB | {r['total_4k_gb']:.2f} GB | " + " | ".join(fits) + " |")
+                     f"| {r['kv_4k_gb']:.2f} GB{states} | {r['total_4k_gb']:.2f} GB | " + " | ".join(fits) + " |")
     return "\n".join(lines)
 
 

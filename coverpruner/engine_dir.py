@@ -96,14 +96,59 @@ _REQUIRED_TOKEN_IDS = ("image_token_id", "eos_token_id")
 _REQUIRED_GRAPH = ("file", "sha256", "inputs", "outputs")
 
 
-def past_names(num_layers: int) -> list[str]:
-    """Decoder cache inputs, flat: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ..."""
-    return [f"past_key_values.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+def _layers(layers) -> list[int]:
+    return list(range(layers)) if isinstance(layers, int) else [int(i) for i in layers]
 
 
-def present_names(num_layers: int) -> list[str]:
-    """Decoder cache outputs, flat: present.0.key, present.0.value, ..."""
-    return [f"present.{i}.{kv}" for i in range(num_layers) for kv in ("key", "value")]
+def past_names(layers) -> list[str]:
+    """Decoder cache inputs, flat: past_key_values.0.key, past_key_values.0.value, past_key_values.1.key, ...
+    layers: the layer count (every layer has a KV cache) or the KV layers' indices (contract v5: a hybrid decoder's
+    full-attention layers)."""
+    return [f"past_key_values.{i}.{kv}" for i in _layers(layers) for kv in ("key", "value")]
+
+
+def present_names(layers) -> list[str]:
+    """Decoder cache outputs, flat: present.0.key, present.0.value, ... (layers as past_names)."""
+    return [f"present.{i}.{kv}" for i in _layers(layers) for kv in ("key", "value")]
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One decoder state that is not KV (contract v5; graphs.decoder.states): a [B, *shape] tensor of ``dtype``
+    (numpy name) per layer of ``layers``, input past_key_values.{layer}.{name}, output present.{layer}.{name}."""
+
+    name: str
+    layers: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+    def names(self) -> list[tuple[int, str, str]]:
+        """(layer, input name, output name) per layer."""
+        return [(i, f"past_key_values.{i}.{self.name}", f"present.{i}.{self.name}") for i in self.layers]
+
+
+def state_names(states) -> list[str]:
+    """The decoder's state inputs, in graph order (per state, per layer): past_key_values.{layer}.{name} (states:
+    StateSpec or contract.DecoderState items)."""
+    return [f"past_key_values.{i}.{s.name}" for s in states for i in s.layers]
+
+
+def state_output_names(states) -> list[str]:
+    """The decoder's state outputs, in graph order: present.{layer}.{name}."""
+    return [f"present.{i}.{s.name}" for s in states for i in s.layers]
+
+
+def decoder_state_record(spec, num_layers: int, float_dtype: str) -> dict:
+    """graphs.decoder's kv_layers and states for a contract.DecoderSpec of a decoder of ``num_layers`` layers
+    ({} for a decoder whose every layer has a KV cache and no other state): {"kv_layers": [...], "states":
+    [{"name", "layers", "shape", "dtype"}]}, a state of dtype "model" resolved to ``float_dtype``."""
+    kv = list(spec.kv_layer_list(num_layers))
+    if kv == list(range(num_layers)) and not spec.states:
+        return {}
+    return {"kv_layers": kv, "states": [{"name": s.name, "layers": [int(i) for i in s.layers],
+                                         "shape": [int(v) for v in s.shape],
+                                         "dtype": float_dtype if s.dtype == "model" else s.dtype}
+                                        for s in spec.states]}
 
 
 def extras_record(extras) -> list[dict]:
@@ -170,6 +215,35 @@ def _extras(root: Path, gname: str, raw, inputs: tuple) -> tuple[tuple[str, int]
     return tuple(out)
 
 
+def _index_list(root: Path, where: str, raw) -> tuple[int, ...]:
+    if not isinstance(raw, list) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in raw):
+        raise _fail(root, f"field {where} is {raw!r}, expected a list of integers >= 0")
+    return tuple(raw)
+
+
+def _states(root: Path, gname: str, g: dict, inputs: tuple) -> tuple[tuple[int, ...] | None, tuple[StateSpec, ...]]:
+    """graphs.<gname>.kv_layers / states (contract v5) validated against the graph's inputs."""
+    kv = None if g.get("kv_layers") is None else _index_list(root, f"graphs.{gname}.kv_layers", g["kv_layers"])
+    raw = g.get("states", [])
+    if not isinstance(raw, list):
+        raise _fail(root, f"field graphs.{gname}.states must be a list, got {type(raw).__name__}")
+    names = {t.name for t in inputs}
+    states = []
+    for i, item in enumerate(raw):
+        where = f"graphs.{gname}.states[{i}]"
+        _require(root, item, ("name", "layers", "shape", "dtype"), where)
+        shape = _index_list(root, f"{where}.shape", item["shape"])
+        if item["dtype"] not in ("float32", "float16"):
+            raise _fail(root, f"field {where}.dtype is {item['dtype']!r}, expected 'float32' or 'float16'")
+        spec = StateSpec(str(item["name"]), _index_list(root, f"{where}.layers", item["layers"]), shape,
+                         item["dtype"])
+        missing = [past for _, past, _ in spec.names() if past not in names]
+        if missing:
+            raise _fail(root, f"field {where} names {missing[0]!r}, which is no input of the graph")
+        states.append(spec)
+    return kv, tuple(states)
+
+
 def position_ids_input(positions: np.ndarray, rank: int) -> np.ndarray:
     """Positions int64 [R, S] of one request -> the probe/decoder `position_ids` input.
 
@@ -210,6 +284,9 @@ class GraphSpec:
     extras: tuple[tuple[str, int], ...] = ()
     #: decoder: its sliding windows and prefill blocks (contract v5; plain causal without the record)
     attention: Attention = Attention()
+    #: decoder (contract v5): the layers with a KV cache (None: every layer) and the states that are not KV
+    kv_layers: tuple[int, ...] | None = None
+    states: tuple[StateSpec, ...] = ()
 
     @property
     def extra_names(self) -> tuple[str, ...]:
@@ -384,13 +461,14 @@ def parse_manifest(root: Path, raw: dict) -> Manifest:
         if form == "ort" and (not isinstance(rotary, dict) or "theta" not in rotary):
             raise _fail(root, f"field graphs.{name}.rotary (theta, mrope_section) is required for form 'ort'")
         inputs = _tensor_specs(root, name, "inputs", g["inputs"])
+        kv_layers, states = _states(root, name, g, inputs)
         graphs[name] = GraphSpec(
             name=name, path=root / g["file"], sha256=g["sha256"], inputs=inputs,
             outputs=_tensor_specs(root, name, "outputs", g["outputs"]),
             data_files=tuple(root / f for f in g.get("data_files", [])),
             data_sha256=dict(g.get("data_sha256", {})), form=form, rotary=rotary,
             extras=_extras(root, name, g.get("extras"), inputs),
-            attention=_attention(root, name, g.get("attention")),
+            attention=_attention(root, name, g.get("attention")), kv_layers=kv_layers, states=states,
         )
     files = {}
     for key, rec in raw.get("files", {}).items():

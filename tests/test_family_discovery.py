@@ -20,7 +20,8 @@ def packages_on_disk() -> list[str]:
 
 
 def test_registry_is_the_packages_on_disk():
-    assert families.family_names() == packages_on_disk() == ["gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_vl"]
+    assert families.family_names() == packages_on_disk() == [
+        "gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_5", "qwen3_vl"]
     for name in families.family_names():
         assert families.get_family(name).name == name  # the manifest "family" is the package name
 
@@ -56,7 +57,8 @@ def test_a_new_family_package_is_found_without_editing_a_list(tmp_path, monkeypa
     monkeypatch.setattr(families, "FAMILIES", families.discover())
     families.get_family.cache_clear()
     try:
-        assert families.family_names() == ["fourth", "gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_vl"]
+        assert families.family_names() == ["fourth", "gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_5",
+                                           "qwen3_vl"]
         assert families.family_for_model_type("fourth_vl").name == "fourth"
         assert families.resolve_alias("fourth-7b") == "x/fourth"
     finally:

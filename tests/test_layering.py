@@ -169,7 +169,8 @@ def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     plant = {
         "families/llava/runtime.py": "\n\ndef _planted():\n    from coverpruner.runtime.errors import ImageError\n",
         "families/qwen2_5_vl/runtime.py": "\nfrom coverpruner.families.llava import LlavaRuntime\n",
-        "families/qwen_vl.py": "\n\ndef _planted():\n    from coverpruner.families.qwen3_vl.video import VIDEO_TOKEN\n",
+        "families/qwen_vl.py":
+            "\n\ndef _planted():\n    from coverpruner.families.qwen3_vl.runtime import IMAGE_TOKEN\n",
         "selection/baselines.py": "\nfrom ..engine_dir import MANIFEST\n",
         "export/selector_io.py": "\nfrom coverpruner.export import selector\n",
     }
@@ -183,7 +184,7 @@ def test_the_reader_sees_what_it_must(tmp_path, monkeypatch):
     assert "coverpruner.families.llava.runtime imports coverpruner.runtime.errors (upward" in problems
     assert "coverpruner.families.qwen2_5_vl.runtime imports coverpruner.families.llava (family package llava " \
            "imported from family qwen2_5_vl)" in problems
-    assert "coverpruner.families.qwen_vl imports coverpruner.families.qwen3_vl.video (family package qwen3_vl " \
+    assert "coverpruner.families.qwen_vl imports coverpruner.families.qwen3_vl.runtime (family package qwen3_vl " \
            "imported from a shared families module)" in problems
     assert "coverpruner.selection.baselines imports coverpruner.engine_dir (upward" in problems
     assert any({"coverpruner.export.selector", "coverpruner.export.selector_io"} <= set(c) for c in cycles())

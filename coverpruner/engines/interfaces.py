@@ -35,25 +35,30 @@ class GraphSession(Protocol):
 
 @dataclass(frozen=True)
 class KVSnapshot:
-    """A host copy of a decoder's cached prefix: the first ``length`` (P) tokens of every layer.
+    """A host copy of a decoder's cached prefix: the first ``length`` (P) tokens of every KV layer, and (contract v5)
+    every state that is not KV as it stands after those P tokens.
 
-    keys, values: one array per layer, each [1, H_kv, P, hd] in the cache's float dtype (C-contiguous, owned
-    by the snapshot: later forwards do not change it).
+    keys, values: one array per KV layer, each [1, H_kv, P, hd] in the cache's float dtype (C-contiguous, owned
+    by the snapshot: later forwards do not change it). states: one array per decoder state and layer, each
+    [1, *shape] in its own dtype (graph order: engine_dir.state_names); empty for a decoder without states. A
+    snapshot with states is only valid at exactly ``length`` tokens: unlike KV rows, a state cannot be cut back.
     """
 
     length: int
     keys: tuple[np.ndarray, ...]
     values: tuple[np.ndarray, ...]
+    states: tuple[np.ndarray, ...] = ()
 
     @property
     def nbytes(self) -> int:
         """Host bytes held (what a bounded prefix cache counts)."""
-        return sum(a.nbytes for a in self.keys) + sum(a.nbytes for a in self.values)
+        return sum(a.nbytes for a in (*self.keys, *self.values, *self.states))
 
 
 def check_snapshot(snap: KVSnapshot, num_layers: int, num_kv_heads: int, head_dim: int, dtype: np.dtype,
-                   capacity: int) -> None:
-    """ValueError (one line) unless ``snap`` fits a cache of this geometry, dtype and capacity."""
+                   capacity: int, states: tuple = ()) -> None:
+    """ValueError (one line) unless ``snap`` fits a cache of this geometry, dtype and capacity (num_layers: the KV
+    layers) and, for a decoder with states, holds one array of each (StateSlot items: shape, dtype)."""
     want = (1, num_kv_heads, snap.length, head_dim)
     if len(snap.keys) != num_layers or len(snap.values) != num_layers:
         raise ValueError(f"KV snapshot has {len(snap.keys)} key / {len(snap.values)} value layers; "
@@ -61,6 +66,12 @@ def check_snapshot(snap: KVSnapshot, num_layers: int, num_kv_heads: int, head_di
     for a in (*snap.keys, *snap.values):
         if a.shape != want or a.dtype != dtype:
             raise ValueError(f"KV snapshot array is {a.dtype} {list(a.shape)}; the cache takes {dtype} {list(want)}")
+    if len(snap.states) != len(states):
+        raise ValueError(f"KV snapshot holds {len(snap.states)} decoder states; the decoder has {len(states)}")
+    for a, slot in zip(snap.states, states):
+        if a.shape != (1, *slot.shape) or a.dtype != slot.dtype:
+            raise ValueError(f"KV snapshot state {slot.past!r} is {a.dtype} {list(a.shape)}; the decoder takes "
+                             f"{slot.dtype} {[1, *slot.shape]}")
     if snap.length > capacity:
         raise ValueError(f"KV cache holds {capacity} tokens; the snapshot has {snap.length} (reset to a larger "
                          "capacity first)")
@@ -94,9 +105,10 @@ class DecoderLoop(Protocol):
 
 def extra_inputs(input_names, fixed) -> tuple[str, ...]:
     """The decoder graph's extra per-row inputs (contract v4): its inputs besides ``fixed`` (embeddings,
-    positions / rotary, KV), in graph order. The engines feed them by name and never ask the family."""
+    positions / rotary, KV) and its states (contract v5: past_key_values.N.<state>), in graph order. The engines
+    feed them by name and never ask the family."""
     fixed = set(fixed)
-    return tuple(n for n in input_names if n not in fixed)
+    return tuple(n for n in input_names if n not in fixed and not n.startswith("past_key_values."))
 
 
 def extra_feeds(names, extras: dict | None, like: np.ndarray) -> dict[str, np.ndarray]:

@@ -2,13 +2,14 @@
 (CUDA provider), behind one small interface that engines/ort_form_decoder.KVSlots drives.
 
 Both hold, per layer, a key and a value buffer [B, H_kv, C, hd] in the graph's float dtype (float32 or float16)
-and LANES cos / sin tables of R = max(C, B) rows [R, hd/2]: a call's rows are written at its table's start (row
-b*S + s for entry b's s-th new token; GroupQueryAttention wants the table to have at least total_sequence_length
-rows, and a call has count*S <= R rows: one entry of up to C tokens, or up to B entries of one token each). Each
-thread that runs calls has a lane (a table) of its own: the engine loop's decode steps (lane 0) and the admission
-worker's prefill of a request into a slot beside them (lane 1) run at the same time on different slots. A decoder
-whose layers rotate with further bases (contract v5 rotary "tables": Gemma 3's local layers) gets one more cos / sin
-pair per base and lane, bound under that table's names (engine_dir.rotary_names), allocated at its first call.
+and LANES cos / sin tables of R = max(C, B) rows [R, rd/2] (rd = hd, or the dims a partial rotary turns): a call's
+rows are written at its table's start (row b*S + s for entry b's s-th new token; GroupQueryAttention wants the table
+to have at least total_sequence_length rows, and a call has count*S <= R rows: one entry of up to C tokens, or up to
+B entries of one token each). Each thread that runs calls has a lane (a table) of its own: the engine loop's decode
+steps (lane 0) and the admission worker's prefill of a request into a slot beside them (lane 1) run at the same time
+on different slots. A decoder whose layers rotate with further bases (contract v5 rotary "tables": Gemma 3's local
+layers) gets one more cos / sin pair per base and lane, bound under that table's names (engine_dir.rotary_names),
+allocated at its first call.
 
 Slot b of a buffer is the contiguous [H_kv, C, hd] block at offset b*H_kv*C*hd, so slots first..first+count-1 are
 one [count, H_kv, C, hd] tensor: bound as both past and present (GroupQueryAttention's
@@ -41,7 +42,7 @@ _MADV_POPULATE_WRITE = 23
 _populate_ok = sys.platform == "linux"
 
 
-def _populate(address: int, length: int) -> None:
+def populate(address: int, length: int) -> None:
     """Fault the pages of [address, address + length) in now (their bytes unchanged); a no-op where the kernel
     cannot (other systems, Linux < 5.14): those pages then fault at their first write, as before."""
     global _populate_ok
@@ -61,13 +62,14 @@ class HostKV:
     device = "cpu"
 
     def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, rotary_dim: int | None = None):
         self.batch, self.capacity, self.h, self.hd, self.dtype = batch, capacity, num_kv_heads, head_dim, dtype
         shape = (batch, num_kv_heads, capacity, head_dim)
         #: [layer][key/value] -> [B, H_kv, C, hd]
         self.kv = [[np.zeros(shape, dtype) for _ in range(2)] for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        self.tables = [(np.zeros((self.rows, head_dim // 2), dtype), np.zeros((self.rows, head_dim // 2), dtype))
+        half = (rotary_dim or head_dim) // 2  # the rotary tables' width (a partial rotary turns fewer dims)
+        self.tables = [(np.zeros((self.rows, half), dtype), np.zeros((self.rows, half), dtype))
                        for _ in range(LANES)]
         self.cos, self.sin = self.tables[0]
         self.extra_tables: dict = {}  # (lane, (cos name, sin name)) -> tables of a further rotary base
@@ -110,7 +112,7 @@ class HostKV:
             for buf in pair:
                 base = buf.ctypes.data + slot * buf.strides[0]
                 for h in range(self.h):
-                    _populate(base + h * buf.strides[1], span)
+                    populate(base + h * buf.strides[1], span)
 
     def read(self, slot: int, n: int, start: int = 0) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """Copies of slot's tokens start..start+n-1: (keys, values), per layer [1, H_kv, n, hd]."""
@@ -135,7 +137,7 @@ class CudaKV:
     device = "cuda"
 
     def __init__(self, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 dtype: np.dtype):
+                 dtype: np.dtype, rotary_dim: int | None = None):
         from coverpruner.engines import cudart  # libcudart through ctypes, only where a GPU runs
 
         self._cudart = cudart
@@ -146,7 +148,8 @@ class CudaKV:
         self.kv = [[cudart.DeviceBuffer(batch * self.slot_elems * self.item) for _ in range(2)]
                    for _ in range(num_layers)]
         self.rows = max(capacity, batch)
-        table = self.rows * (head_dim // 2) * self.item
+        self.half = (rotary_dim or head_dim) // 2  # the rotary tables' width (a partial rotary turns fewer dims)
+        table = self.rows * self.half * self.item
         self.tables = [(cudart.DeviceBuffer(table), cudart.DeviceBuffer(table)) for _ in range(LANES)]
         self.cos, self.sin = self.tables[0]
         self.extra_tables: dict = {}  # (lane, (cos name, sin name)) -> device tables of a further base
@@ -167,11 +170,11 @@ class CudaKV:
 
     def bind_rotary(self, binding, cos: np.ndarray, sin: np.ndarray, lane: int = 0,
                     names: tuple[str, str] = ROTARY) -> None:
-        shape = [self.rows, self.hd // 2]
+        shape = [self.rows, self.half]
         stream = self.lane_streams[lane]
         tables = self.tables[lane] if names == ROTARY else self.extra_tables.get((lane, names))
         if tables is None:  # a further rotary base's table, allocated at its first call
-            size = self.rows * (self.hd // 2) * self.item
+            size = self.rows * self.half * self.item
             tables = self.extra_tables[(lane, names)] = (self._cudart.DeviceBuffer(size),
                                                          self._cudart.DeviceBuffer(size))
             for buf in tables:
@@ -222,9 +225,9 @@ class CudaKV:
         self.stream.synchronize()
 
 
-def kv_buffers(device: str, *args) -> HostKV | CudaKV:
+def kv_buffers(device: str, *args, **kwargs) -> HostKV | CudaKV:
     """HostKV for device 'cpu', CudaKV for 'cuda' (args: batch, capacity, num_layers, num_kv_heads, head_dim,
-    dtype)."""
+    dtype; rotary_dim: the rotary tables' dims when a partial rotary turns fewer than head_dim)."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"KV device must be 'cpu' or 'cuda', got {device!r}")
-    return HostKV(*args) if device == "cpu" else CudaKV(*args)
+    return HostKV(*args, **kwargs) if device == "cpu" else CudaKV(*args, **kwargs)

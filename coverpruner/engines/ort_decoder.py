@@ -9,6 +9,10 @@ or copied on the host per step besides the one-token inputs and the logits row.
 
 Because a [1,H_kv,P,hd] tensor written contiguously from the start of a buffer is also its first
 H_kv*P*hd elements, the cached prefix is a plain slice: ``snapshot`` copies it out, ``restore`` writes it back.
+
+A decoder with state that is not KV (contract v5; the graph's past_key_values.N.<state> inputs,
+engines/state_buffers.decoder_layout) keeps each state in two [1, *shape] host arrays read and written in turn like
+the KV buffers (a standard-op graph may write an output while a node still reads the input it would overwrite).
 """
 
 from __future__ import annotations
@@ -18,30 +22,37 @@ import onnxruntime as ort
 
 from coverpruner.engine_dir import DECODER_INPUTS, past_names, present_names
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
+from coverpruner.engines.state_buffers import decoder_layout
 
 
 class OrtDecoderSession:
     """Runs one decoder graph with IO binding and owns its KV cache (a coverpruner.engines.interfaces.DecoderLoop).
 
-    num_layers, num_kv_heads, head_dim: cache geometry. dtype: numpy float dtype of the cache and
-    inputs_embeds (float32 or float16). device: 'cpu' or 'cuda' (where the cache lives).
+    num_layers, num_kv_heads, head_dim: cache geometry (the KV layers are the graph's: every layer, or a hybrid
+    decoder's attention layers). dtype: numpy float dtype of the cache and inputs_embeds (float32 or float16).
+    device: 'cpu' or 'cuda' (where the cache lives).
     """
 
     def __init__(self, session: ort.InferenceSession, num_layers: int, num_kv_heads: int, head_dim: int,
                  vocab_size: int, dtype=np.float32, device: str = "cpu"):
         self.session = session
-        self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
+        self.h, self.hd = num_kv_heads, head_dim
         self.vocab_size = vocab_size
         self.dtype = np.dtype(dtype)
         self.device = device
         order = [i.name for i in session.get_inputs()]
         names = set(order)
-        self._past, self._present = past_names(num_layers), present_names(num_layers)
+        kv_layers, self.state_slots = decoder_layout(session.get_inputs())
+        kv_layers = kv_layers if (kv_layers or self.state_slots) else tuple(range(num_layers))
+        self.num_layers = len(kv_layers)
+        self._past, self._present = past_names(kv_layers), present_names(kv_layers)
         missing = sorted({*DECODER_INPUTS, *self._past} - names)
         if missing:
             raise ValueError(f"decoder graph lacks inputs {missing[:4]} (has {sorted(names)[:6]}...)")
-        #: the decoder extras (contract v4) the graph takes besides embeddings, positions and KV
+        #: the decoder extras (contract v4) the graph takes besides embeddings, positions, KV and states
         self.extra_names = extra_inputs(order, (*DECODER_INPUTS, *self._past))
+        #: per state, its two host arrays [1, *shape] (read one, write the other: _cur)
+        self._states = [[np.zeros((1, *s.shape), s.dtype) for _ in range(2)] for s in self.state_slots]
         self.capacity = 0
         self.length = 0  # tokens already in the cache (P)
         self._cur = 0
@@ -67,15 +78,18 @@ class OrtDecoderSession:
         self._logits_value = ort.OrtValue.ortvalue_from_numpy(self._logits)
         self._cur = 0
         self.length = 0
+        for pair in self._states:  # what the model starts from
+            pair[0][:] = 0
 
     def _shape(self, length: int) -> list[int]:
         return [1, self.h, length, self.hd]
 
     def snapshot(self) -> KVSnapshot:
-        """Host copies of the cached prefix: per layer key and value [1,H_kv,P,hd] (P = length)."""
+        """Host copies of the cached prefix: per KV layer key and value [1,H_kv,P,hd] (P = length), and the
+        states after those P tokens."""
         keys = tuple(self._prefix(i, 0) for i in range(self.num_layers))
         values = tuple(self._prefix(i, 1) for i in range(self.num_layers))
-        return KVSnapshot(self.length, keys, values)
+        return KVSnapshot(self.length, keys, values, tuple(pair[self._cur].copy() for pair in self._states))
 
     def _prefix(self, layer: int, j: int) -> np.ndarray:
         """A copy of layer ``layer``'s cached keys (j = 0) or values (j = 1): [1,H_kv,P,hd]."""
@@ -88,7 +102,9 @@ class OrtDecoderSession:
 
     def restore(self, snapshot: KVSnapshot) -> None:
         """Write the snapshot's prefix into the current buffers; the cache then holds snapshot.length tokens."""
-        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity, self.state_slots)
+        for pair, state in zip(self._states, snapshot.states):
+            pair[self._cur][:] = state
         size = self.h * snapshot.length * self.hd
         if size:
             for i in range(self.num_layers):
@@ -133,6 +149,9 @@ class OrtDecoderSession:
                                  self._buf[i][j][src][0].data_ptr())
                 b.bind_output(present, self.device, 0, self.dtype, self._shape(total),
                               self._buf[i][j][dst][0].data_ptr())
+        for slot, pair in zip(self.state_slots, self._states):
+            b.bind_cpu_input(slot.past, pair[src])
+            b.bind_output(slot.present, "cpu", 0, slot.dtype, list(pair[dst].shape), pair[dst].ctypes.data)
         b.bind_ortvalue_output("logits", self._logits_value)
         self.session.run_with_iobinding(b)
         self._cur, self.length = dst, total

@@ -14,6 +14,9 @@ compact 1-D, Qwen2.5-VL's M-RoPE 3-D with gaps): a call's rows are written at th
 entry b's s-th new token at row b*S + s, and ``rotary_row`` [b, s] = b*S + s (the CPU kernel reads row
 rotary_row[b, 0] + s, the CUDA kernel rotary_row[b, s]: the same rows). Cached keys are stored rotated, so earlier
 tokens' rows are never needed again.
+A decoder with state that is not KV (contract v5: a hybrid decoder's Gated DeltaNet layers) has it found in the graph
+(engines/state_buffers.py): each slot's states are bound in place beside its KV, move with it, and are part of its
+snapshot; they hold what the slot's tokens so far left, so prompts of different lengths never share a padded call.
 numpy + onnxruntime only.
 """
 
@@ -28,43 +31,58 @@ from coverpruner.engines.attention_inputs import AttentionInputs
 from coverpruner.engines.interfaces import KVSnapshot, check_snapshot, extra_feeds, extra_inputs
 from coverpruner.engines.kv_buffers import kv_buffers
 from coverpruner.engines.rotary import rotary_rows
+from coverpruner.engines.state_buffers import HostStates, decoder_layout
 
 
 class KVSlots:
     """`batch` KV slots of `capacity` tokens each for one ORT-form decoder session.
 
-    session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section"}.
-    device: 'cpu' (numpy buffers) or 'cuda' (device buffers for the CUDA provider, engines/kv_buffers.py).
-    The cache's float dtype is the graph's (float32, or float16 for an fp16 export). lengths: int64 [batch],
-    tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps the active ones at the
-    front.
+    session: onnxruntime.InferenceSession of the ORT-form graph. rotary: the manifest's {"theta", "mrope_section",
+    "mrope_interleaved", "dim"}. device: 'cpu' (numpy buffers) or 'cuda' (device buffers for the CUDA provider,
+    engines/kv_buffers.py). The cache's float dtype is the graph's (float32, or float16 for an fp16 export).
+    lengths: int64 [batch], tokens cached per slot. Slot indices are positions in the buffers; BatchDecoder keeps
+    the active ones at the front. The KV layers and the states (contract v5) are the graph's own
+    (state_buffers.decoder_layout; num_layers is then only the decoder's depth).
     """
 
     def __init__(self, session, batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
                  rotary: dict, device: str = "cpu"):
         self.session, self.batch, self.capacity = session, batch, capacity
-        self.num_layers, self.h, self.hd = num_layers, num_kv_heads, head_dim
+        self.h, self.hd = num_kv_heads, head_dim
         self.theta, self.section = float(rotary["theta"]), rotary.get("mrope_section")
         self.interleaved = bool(rotary.get("mrope_interleaved", False))
         self.factor = float(rotary.get("factor", 1.0))  # linear rope scaling
-        inputs = {i.name: i.type for i in session.get_inputs()}
+        self.rotary_dim = int(rotary.get("dim") or head_dim)  # a partial rotary turns the first dims only
+        listed = session.get_inputs()
+        inputs = {i.name: i.type for i in listed}
+        self.kv_layers, state_slots = decoder_layout(listed)
+        self.num_layers = len(self.kv_layers)  # KV layers
         #: contract v5: the attention biases (bidirectional blocks, windows) and further rotary tables it takes
         self.attention = AttentionInputs(list(inputs), rotary, head_dim)
-        #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows and KV
-        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(num_layers),
+        #: the decoder extras (contract v4) the graph takes besides embeddings, rotary rows, KV, states and biases
+        self.extra_names = extra_inputs(list(inputs), (*ORT_DECODER_INPUTS, *past_names(self.kv_layers),
                                                        *self.attention.names))
         #: float dtype of embeddings, rotary rows and cache (the graph's inputs_embeds)
         self.dtype = np.dtype(np.float16 if inputs.get("inputs_embeds") == "tensor(float16)" else np.float32)
-        self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in range(num_layers)
+        self.names = [(f"past_key_values.{i}.{kind}", f"present.{i}.{kind}") for i in self.kv_layers
                       for kind in ("key", "value")]
-        self.buffers = kv_buffers(device, batch, capacity, num_layers, num_kv_heads, head_dim, self.dtype)
+        self.buffers = kv_buffers(device, batch, capacity, self.num_layers, num_kv_heads, head_dim, self.dtype,
+                                  rotary_dim=self.rotary_dim)
+        #: the states that are not KV (contract v5), host memory for every provider; None without
+        self.states = HostStates(state_slots, batch) if state_slots else None
         self.lengths = np.zeros(batch, dtype=np.int64)
+
+    def clear(self, slot: int) -> None:
+        """Slot holds nothing: no cached tokens, the states a request starts from."""
+        self.lengths[slot] = 0
+        if self.states is not None:
+            self.states.zero(slot)
 
     def _rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """positions int64 [R, S] -> cos, sin [S, hd/2]."""
         positions = np.asarray(positions)
-        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.hd, self.theta, self.section,
-                           self.interleaved, self.factor)
+        return rotary_rows(positions[0] if len(positions) == 1 else positions, self.rotary_dim, self.theta,
+                           self.section, self.interleaved, self.factor)
 
     def _bind_attention(self, binding, starts, lengths, blocks, total: int, positions: list, lane: int = 0) -> None:
         """Contract v5: this call's attention biases (entries' cached rows ``starts``, new rows ``lengths``, their
@@ -111,6 +129,8 @@ class KVSlots:
         self._bind_attention(binding, self.lengths[slots], np.full(count, s), blocks, int(total.max()),
                              [np.asarray(p) for p in positions], lane)
         self.buffers.bind_kv(binding, first, count, self.names)
+        if self.states is not None:
+            self.states.bind(binding, first, count)
         binding.bind_output("logits")  # to host memory
         self.session.run_with_iobinding(binding)
         self.lengths[slots] = total
@@ -160,20 +180,36 @@ class KVSlots:
         binding.bind_cpu_input("rotary_row", np.broadcast_to(np.arange(s, dtype=np.int64), (k, s)).copy())
         self._bind_attention(binding, np.zeros(k, np.int64), lens, blocks, s, [positions])
         self.buffers.bind_kv(binding, first, k, self.names)
+        if self.states is not None:  # only prompts of one length share a call (BatchDecoder._prompt_group)
+            self.states.bind(binding, first, k)
         binding.bind_output("logits")
         self.session.run_with_iobinding(binding)
         self.lengths[first:first + k] = lens
 
-    def move(self, src: int, dst: int) -> None:
-        """Copy slot src's cached tokens into slot dst (src is then free)."""
+    def copy(self, src: int, dst: int) -> None:
+        """Slot dst holds what slot src holds: its cached tokens and (contract v5) its states."""
         n = int(self.lengths[src])
         self.buffers.copy_slot(src, dst, n)
-        self.lengths[dst], self.lengths[src] = n, 0
+        if self.states is not None:
+            self.states.copy_slot(src, dst)
+        self.lengths[dst] = n
+
+    def prefault(self, slot: int, n: int) -> None:
+        """Commit the memory of slot's first n tokens and its states (contents unchanged; kv_buffers.HostKV.prefault)."""
+        self.buffers.prefault(slot, n)
+        if self.states is not None:
+            self.states.prefault(slot)
+
+    def move(self, src: int, dst: int) -> None:
+        """Copy slot src's cached tokens and states into slot dst (src is then free)."""
+        self.copy(src, dst)
+        self.lengths[src] = 0
 
     def snapshot(self, slot: int) -> KVSnapshot:
-        """Host copies of slot's cached tokens: per layer key and value [1, H_kv, P, hd]."""
+        """Host copies of slot's cached tokens: per KV layer key and value [1, H_kv, P, hd], and its states."""
         n = int(self.lengths[slot])
-        return KVSnapshot(n, *self.buffers.read(slot, n))
+        states = self.states.read(slot) if self.states is not None else ()
+        return KVSnapshot(n, *self.buffers.read(slot, n), states)
 
     def read(self, slot: int, start: int, stop: int) -> tuple[tuple, tuple]:
         """Host copies of slot's cached tokens start..stop-1: (keys, values), per layer [1, H_kv, stop-start, hd]."""
@@ -182,18 +218,30 @@ class KVSlots:
         return self.buffers.read(slot, stop - start, start)
 
     def restore(self, slot: int, snap: KVSnapshot) -> None:
-        """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed)."""
-        check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        """Slot holds exactly the snapshot's prefix (keys are stored rotated: no rotary rows needed) and states."""
+        check_snapshot(snap, self.num_layers, self.h, self.hd, self.dtype, self.capacity, self.state_slots)
         self.buffers.write(slot, snap.keys, snap.values)
+        if self.states is not None:
+            self.states.write(slot, snap.states)
         self.lengths[slot] = snap.length
 
     def append(self, slot: int, keys, values) -> None:
-        """Append cached rows to slot after its length: per layer keys / values [1, H_kv, n, hd] (a prefix block)."""
+        """Append cached rows to slot after its length: per layer keys / values [1, H_kv, n, hd] (a prefix block).
+        ValueError for a decoder with states: KV rows without the states they were written with would answer wrong
+        (its prefix is restored whole, ``restore``)."""
+        if self.states is not None:
+            raise ValueError("a decoder with states (graphs.decoder.states) restores a prefix whole, with its states; "
+                             "KV blocks alone cannot be appended")
         n, start = keys[0].shape[2], int(self.lengths[slot])
         if start + n > self.capacity:
             raise ValueError(f"KV cache holds {self.capacity} tokens; {start + n} requested")
         self.buffers.write(slot, keys, values, start)
         self.lengths[slot] = start + n
+
+    @property
+    def state_slots(self) -> tuple:
+        """The graph's states (state_buffers.StateSlot), () without."""
+        return self.states.slots if self.states is not None else ()
 
 
 def _positions(position_ids: np.ndarray) -> np.ndarray:
@@ -241,7 +289,7 @@ class OrtFormDecoderSession:
             self._slots = KVSlots(self.session, 1, capacity, self.num_layers, self.h, self.hd, self.rotary,
                                   self.device)
             self.capacity = capacity
-        self._slots.lengths[0] = 0
+        self._slots.clear(0)
 
     def forward(self, inputs_embeds: np.ndarray, position_ids: np.ndarray,
                 extras: dict[str, np.ndarray] | None = None) -> np.ndarray:
@@ -250,15 +298,15 @@ class OrtFormDecoderSession:
         return self._slots.run(0, 1, inputs_embeds, [_positions(position_ids)], extras)[0]
 
     def snapshot(self) -> KVSnapshot:
-        """Host copies of the cached prefix: per layer key and value [1, H_kv, P, hd]."""
+        """Host copies of the cached prefix: per KV layer key and value [1, H_kv, P, hd], and the states."""
         if self._slots is None:
-            empty = tuple(np.zeros((1, self.h, 0, self.hd), self.dtype) for _ in range(self.num_layers))
-            return KVSnapshot(0, empty, empty)
+            self.reset(1)  # an empty cache: no tokens, the states a request starts from
         return self._slots.snapshot(0)
 
     def restore(self, snapshot: KVSnapshot) -> None:
         """The cache holds exactly the snapshot's prefix; the next forward continues after it."""
-        check_snapshot(snapshot, self.num_layers, self.h, self.hd, self.dtype, self.capacity)
+        if self._slots is None:
+            raise ValueError("KV cache holds 0 tokens; reset to the request's capacity before restoring")
         self._slots.restore(0, snapshot)
 
 
@@ -323,7 +371,7 @@ class BatchDecoder:
             self._take(1 + reserve)
             self._reserved += reserve
             slot = len(self._order)
-            self._slots.lengths[slot] = 0
+            self._slots.clear(slot)
             if prefix is not None:
                 self._slots.restore(slot, prefix)
             handle, self._next = self._next, self._next + 1
@@ -337,12 +385,21 @@ class BatchDecoder:
             if self._staged is not None or self.free < 1:
                 return None
             self._staged = self.max_batch - 1  # the top slot: the active ones are packed below it
-            self._slots.lengths[self._staged] = 0
+            self._slots.clear(self._staged)
             return self._staged
 
     def stage_append(self, keys, values) -> None:
         """Cached rows after the staged slot's (a prefix block), from the staging thread."""
         self._slots.append(self._staged, keys, values)
+
+    def stage_restore(self, prefix: KVSnapshot) -> None:
+        """The staged slot holds exactly ``prefix`` (its KV rows and, contract v5, its states), from the staging
+        thread."""
+        self._slots.restore(self._staged, prefix)
+
+    def stage_snapshot(self) -> KVSnapshot:
+        """Host copies of what the staged slot holds (KV rows and states), from the staging thread."""
+        return self._slots.snapshot(self._staged)
 
     def stage_extend(self, embeds: np.ndarray, positions: np.ndarray, extras: dict | None = None) -> None:
         """Prompt rows into the staged slot (embeds float [S, d], positions int64 [R, S], decoder extras {name:
@@ -361,7 +418,7 @@ class BatchDecoder:
         with self._lock:
             src, dst = self._staged, len(self._order)
         if src is not None and src != dst:
-            self._slots.buffers.prefault(dst, int(self._slots.lengths[src]))
+            self._slots.prefault(dst, int(self._slots.lengths[src]))
 
     def join_staged(self, reserve: int = 0) -> int:
         """The staged request joins the active slots (its rows moved next to them unless the batch is now full and
@@ -425,7 +482,9 @@ class BatchDecoder:
 
     def _prompt_groups(self, items: list, slots: list[int]) -> list[list[int]]:
         """The items ``extend`` prefills in one batched call each: runs of two or more whose slots are empty and
-        consecutive, and whose positions are prefixes of their run's longest one's (shared_prompt_positions)."""
+        consecutive, and whose positions are prefixes of their run's longest one's (shared_prompt_positions); with
+        decoder states (contract v5) only of one length (a shorter prompt's padding rows would run through its
+        states)."""
         empty = sorted((i for i, s in enumerate(slots) if self._slots.lengths[s] == 0 and len(items[i][1])),
                        key=lambda i: slots[i])
         runs, groups = [], []
@@ -438,6 +497,9 @@ class BatchDecoder:
             fit = [run[j] for j in shared_prompt_positions([items[i][2] for i in run])]
             # a group must be consecutive slots: its fitting members from the run's first on
             group = [i for k, i in enumerate(run) if k < len(fit) and fit[k] == i]
+            if self._slots.states is not None:  # of the first one's length, from the first on
+                group = group[:next((k for k, i in enumerate(group) if len(items[i][1]) != len(items[group[0]][1])),
+                                    len(group))]
             if len(group) > 1:
                 groups.append(group)
         return groups
@@ -456,10 +518,7 @@ class BatchDecoder:
             self._take(count - used)
             src, out = self._order.index(handle), []
             for _ in range(count):
-                dst = len(self._order)
-                self._slots.lengths[dst] = 0
-                self._slots.buffers.copy_slot(src, dst, int(self._slots.lengths[src]))
-                self._slots.lengths[dst] = self._slots.lengths[src]
+                self._slots.copy(src, len(self._order))  # its KV rows and its states
                 out.append(self._next)
                 self._order.append(self._next)
                 self._next += 1

@@ -9,7 +9,8 @@ num_heads, num_kv_heads, head_dim; the M-RoPE families add mrope_section) and th
 - head_dim even and positive, num_heads a multiple of num_kv_heads, an mrope_section of three positive sizes
   summing to head_dim / 2: otherwise CheckpointError (one line; nothing written), whatever the decoder form;
 - the decoder form: "auto" picks the ORT form only where its graph can run (fp32, head_dim % 16 == 0, full
-  default rotary: its rotary rows are computed on the host as theta ** (-2i / head_dim)), the standard form
+  default rotary: its rotary rows are computed on the host as theta ** (-2i / head_dim); a partial rotary only
+  where the family declares the dims it turns, manifest dims ``rotary_dim``), the standard form
   otherwise; an explicit --decoder-form ort that cannot run is a CheckpointError naming the constraint.
 """
 
@@ -41,12 +42,21 @@ def check_dims(dims: dict, text_config) -> None:
         raise CheckpointError(f"num_attention_heads {heads} must be a multiple of num_key_value_heads {kv}")
     section = dims.get("mrope_section")
     if section is not None:
-        if len(section) != 3 or any(int(s) <= 0 for s in section) or sum(section) != head_dim // 2:
+        # a partial rotary (a family that declares rotary_dim in its dims) turns its first rotary_dim dims only
+        what = "rotary_dim" if dims.get("rotary_dim") else "head_dim"
+        turned = int(dims.get("rotary_dim") or head_dim)
+        if len(section) != 3 or any(int(s) <= 0 for s in section) or sum(section) != turned // 2:
             raise CheckpointError(f"rope mrope_section {list(section)} must be three positive sizes summing to "
-                                  f"head_dim / 2 = {head_dim // 2} (head_dim {head_dim}); got sum {sum(section)}")
+                                  f"{what} / 2 = {turned // 2} ({what} {turned}); got sum {sum(section)}")
     factor = _rope(text_config).get("partial_rotary_factor", 1.0)
     if factor is not None and not 0 < float(factor) <= 1:
         raise CheckpointError(f"partial_rotary_factor {factor} must be in (0, 1]")
+
+
+def _declared_partial(dims: dict, rope: dict, head_dim: int) -> bool:
+    """The family's ORT-form graph turns a partial rotary itself: it declares the dims it turns (manifest dims
+    ``rotary_dim``, its rotary tables rotary_dim / 2 wide: DecoderWeights.rotary["dim"]) and they are the config's."""
+    return int(dims.get("rotary_dim") or 0) == int(head_dim * float(rope["partial_rotary_factor"]))
 
 
 def resolve_decoder_form(form: str, dtype: str, dims: dict, text_config) -> tuple[str, str | None]:
@@ -63,7 +73,7 @@ def resolve_decoder_form(form: str, dtype: str, dims: dict, text_config) -> tupl
                f"checkpoint's head_dim is {head_dim}")
     elif rope.get("rope_type", "default") != "default":
         why = f"rope_type {rope['rope_type']!r} has no ORT-form rotary rows (only the default theta ** (-2i/d))"
-    elif float(rope.get("partial_rotary_factor") or 1.0) != 1.0:
+    elif float(rope.get("partial_rotary_factor") or 1.0) != 1.0 and not _declared_partial(dims, rope, head_dim):
         why = f"partial_rotary_factor {rope['partial_rotary_factor']}: the ORT form rotates all head_dim dims"
     if why is None:
         return ("ort" if form == "ort" or dtype == "fp32" else "standard"), None

@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="decoder graph: 'ort' = ONNX Runtime contrib ops with an in-place KV cache (fastest on the "
                         "ORT CPU runtime; not for coverpruner-build), 'standard' = standard ONNX ops (TensorRT, CUDA); "
                         "'auto' (default): ort for --dtype fp32, standard for fp16")
+    g.add_argument("--probe", choices=("exact", "proxy"), default="exact",
+                   help="what probe.onnx scores: 'exact' (default) the attention of the family's probe layer (a "
+                        "hybrid decoder's first full-attention layer, after the layers before it); 'proxy' a cheaper "
+                        "stand-in where the family has one (Qwen3.5: layer 0's Gated DeltaNet query and key as a "
+                        "softmax; docs/qwen3_5.md)")
     g.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                    help="store weights in <graph>.onnx.data: auto = graphs above 1 GiB")
     q = p.add_argument_group("weight-only quantization (after export; without --model: of the existing DIR)")
@@ -157,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     opts = ExportOptions(dtype=args.dtype, graphs=args.graphs, opset=args.opset, selector_form=args.selector,
                          external_data=args.external_data, decoder_form=args.decoder_form, progress=not args.no_progress,
-                         family_options=dict(args.option))
+                         family_options=dict(args.option), probe=args.probe)
     try:
         result = export_model(model_dir, args.output, source, opts)
     except (OptionValueError, TargetError, CheckpointError) as exc:  # bad input, nothing written

@@ -20,11 +20,11 @@ from pathlib import Path
 
 
 from coverpruner.engine_dir import GRAPH_NAMES as GRAPHS
-from coverpruner.engine_dir import (MANIFEST, METHOD_GRAPHS, attention_record, extras_record, read_if_present,
-                                    write_manifest)
+from coverpruner.engine_dir import (MANIFEST, METHOD_GRAPHS, attention_record, decoder_state_record, extras_record,
+                                    read_if_present, write_manifest)
 from coverpruner.export.checkpoint_checks import check_dims, resolve_decoder_form
 from coverpruner.export.manifest import build_manifest, family_file_entries, graph_entry
-from coverpruner.export.graph_specs import graph_specs
+from coverpruner.export.graph_specs import check_probe, graph_specs
 from coverpruner.export.onnx_io import (EXTERNAL_DATA_BYTES, ExportError, SavedGraph, data_file_name, export_graph,
                                      save_proto)
 from coverpruner.families import family_for_model_type
@@ -58,6 +58,8 @@ class ExportOptions:
     #: defaults of the family's request options to record in the manifest (e.g. {"newline_policy": "keep"});
     #: options not given keep the family's own defaults
     family_options: dict = field(default_factory=dict)
+    #: what probe.onnx scores (export/graph_specs.PROBE_KINDS): "exact" or the family's "proxy"
+    probe: str = "exact"
 
 
 @dataclass
@@ -180,7 +182,7 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
 
     torch_dtype = getattr(torch, FLOAT_DTYPES[opts.dtype])
     # every graph's module, example inputs, names and dynamic axes (the family's parts and its vision spec)
-    specs = graph_specs(family, model, config, torch_dtype) if model is not None else {}
+    specs = graph_specs(family, model, config, torch_dtype, opts.probe) if model is not None else {}
     entries = {}
     for g in order:
         bar.set_description(f"export: {g}")
@@ -198,13 +200,18 @@ def _export_graphs(family, model, config, output: Path, order: list[str], opts: 
                 saved = export_graph(spec.module, spec.args, output / f"{g}.onnx", spec.input_names,
                                      spec.output_names, spec.dynamic_shapes, opts.opset,
                                      _use_external(opts.external_data, _param_bytes(spec.module)))
+                if g == "probe":  # contract v5: the decoder layer the probe reads and what it scores
+                    extra.update(layer=spec.module.layer, kind=spec.module.kind)
                 del spec
                 gc.collect()
-        declared = family.decoder_spec(config) if g == "decoder" else None
-        if declared is not None and declared.extras:  # contract v4: the runtime feeds the extras from this record
-            extra["extras"] = extras_record(declared.extras)
-        if declared is not None and not declared.attention.plain:  # v5: windows / blocks, read by the engines
-            extra["attention"] = attention_record(declared.attention)
+        if g == "decoder":
+            declared = family.decoder_spec(config)
+            if declared.extras:  # contract v4: the runtime feeds the extras from this record, without family code
+                extra["extras"] = extras_record(declared.extras)
+            if not declared.attention.plain:  # v5: windows / blocks, read by the engines
+                extra["attention"] = attention_record(declared.attention)
+            # contract v5: the KV layers and the states that are not KV, which engines and runtime carry
+            extra.update(decoder_state_record(declared, family.dims(config)["num_layers"], FLOAT_DTYPES[opts.dtype]))
         seconds[g] = time.perf_counter() - t0
         entries[g] = {**graph_entry(saved), **extra}
         bar.update()
@@ -302,6 +309,10 @@ def export_model(model_dir: Path, output: Path, source_model: str, opts: ExportO
     check_dims(dims, text_config)
     form, note = resolve_decoder_form(decoder_form_for(opts), opts.dtype, dims, text_config)
     opts = dataclasses.replace(opts, decoder_form=form)
+    try:
+        check_probe(family, opts.probe)
+    except ValueError as exc:
+        raise OptionValueError(str(exc)) from None
     check_target(output, opts, source_model)
     previous = read_if_present(output)
     with StagedDir(output) as stage:

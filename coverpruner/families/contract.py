@@ -22,6 +22,9 @@ imports another family. One request, as the runtime drives it (shapes for batch 
     attention (v5, DecoderSpec.attention): sliding windows per layer and, in prefill, blocks of rows that attend
         to each other both ways (ImageSpan.blocks: one image crop's kept rows); AttentionSpec() = causal everywhere
     decode: the t-th generated token sits at decode_position(t) -> int64 [R]
+    decoder state that is not KV (v5, DecoderSpec.kv_layers / states): layers without a KV cache carry named state
+        tensors from call to call (a linear-attention layer's conv and recurrent state); the probe reads the first
+        attention layer the family names (ProbeParts.layer, the hidden states entering it from ProbeParts.prefix)
 
 Family modules import torch/transformers only inside export-time methods: the runtime imports them.
 
@@ -150,6 +153,11 @@ class ConversationLayout:
     instruction_turn: per image j, int64 [T_j] indices of the tokens overlapping the text parts of image j's
     message (empty when that message has no text: its weights are then uniform).
     instruction_latest: int64 [T], the same for the last user message. text: the rendered conversation.
+    turn_end (contract v5): the number of tokens that end at or before the chat template's generation prompt (the
+    messages, which a later turn of the same conversation renders and tokenizes the same way; the generation prompt
+    a later turn may render otherwise, e.g. Qwen3.5's "<think>" opening, and a token straddling its start, e.g.
+    LLaVA's "▁ASSISTANT:", may merge otherwise); None when unknown. A decoder state that cannot be cut back is
+    snapshotted there.
     """
 
     input_ids: np.ndarray
@@ -158,6 +166,7 @@ class ConversationLayout:
     instruction_turn: tuple[np.ndarray, ...]
     instruction_latest: np.ndarray
     text: str = ""
+    turn_end: int | None = None
 
     @property
     def num_images(self) -> int:
@@ -181,17 +190,27 @@ class ConversationLayout:
 
 @dataclass
 class ProbeParts:
-    """Layer-0 pieces the probe graph needs (torch modules / callables from the HF model).
+    """The probe layer's pieces the probe graph needs (torch modules / callables from the HF model).
 
-    norm: layer-0 input RMSNorm, [.., d] -> [.., d]; q_proj: [.., d] -> [.., H*hd]; k_proj: [.., d] -> [.., Hkv*hd];
-    rotary(x, position_ids) -> (cos, sin) [1,L,hd] in x.dtype for the probe's position_ids ([1,L], or [R,1,L]
-    for an M-RoPE family, which mixes its sections here); apply_rope(q, k, cos, sin) -> (q, k) for
-    [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
+    norm: the probe layer's input RMSNorm, [.., d] -> [.., d]; q_proj: [.., d] -> [.., H*hd] (or, with
+    ``q_gate``, [.., H*2*hd]: per head hd query values then hd output-gate values, of which the probe keeps the
+    query: the scores do not depend on the gate); k_proj: [.., d] -> [.., Hkv*hd];
+    rotary(x, position_ids) -> (cos, sin) [1,L,rd] in x.dtype for the probe's position_ids ([1,L], or [R,1,L]
+    for an M-RoPE family, which mixes its sections here; rd <= hd: a partial rotary turns the first rd dims);
+    apply_rope(q, k, cos, sin) -> (q, k) for [1,heads,L,hd] tensors; scaling: 1/sqrt(hd).
     q_norm, k_norm: the attention variant with per-head RMSNorm (Qwen3, Qwen3-VL): modules [.., hd] -> [.., hd]
     applied to each head's query / key before rotary; None for plain attention.
     window: layer 0's sliding window W (contract v5: a query row sees the keys less than W rows before it, as
     AttentionSpec.windows[0]); None for full attention. (The instruction rows the probe reads are text rows, which no
     image block overlay unmasks: causal within the window is all they see.)
+    layer, prefix (contract v5): the decoder layer whose attention the probe reads. 0 (prefix None): layer 0 on
+    the embeddings. f > 0 (a decoder whose first layers have no attention matrix, e.g. Gated DeltaNet layers): the
+    first full-attention layer; prefix(inputs_embeds [1,L,d], position_ids) -> the hidden states entering layer f
+    [1,L,d], layers 0..f-1 run on the full native sequence at native positions (torch callable).
+    project (contract v5, a family's proxy probe): project(normed hidden [1,L,d]) -> (queries [1,L,H*hd], keys
+    [1,L,Hkv*hd]) of every row, in place of q_proj / k_proj (for projections that mix rows, e.g. a causal
+    convolution); rotary None: no rotary (q_norm / k_norm, if given, still apply per head).
+    kind: "exact" (the layer's own softmax attention) or "proxy" (a stand-in score), recorded as graphs.probe.kind.
     """
 
     norm: Any
@@ -206,6 +225,37 @@ class ProbeParts:
     q_norm: Any = None
     k_norm: Any = None
     window: int | None = None
+    q_gate: bool = False
+    layer: int = 0
+    prefix: Any = None
+    project: Any = None
+    kind: str = "exact"
+
+
+@dataclass
+class GatedDeltaWeights:
+    """A gated delta rule linear-attention layer (Gated DeltaNet: Qwen3-Next, Qwen3.5) as float32 arrays, HF Linear
+    layout (weight [out, in]). Hk key heads of dk, Hv value heads of dv (Hv a multiple of Hk), C = 2*Hk*dk + Hv*dv.
+
+    qkv: [C, d] (query, key, value channels in that order); conv: [C, K] causal depthwise kernel (SiLU after it, no
+    bias); z: [Hv*dv, d] output gate; b: [Hv, d] (beta = sigmoid(x b^T)); a: [Hv, d], a_log, dt_bias: [Hv] (the
+    per-token log decay g = -exp(a_log) * softplus(x a^T + dt_bias)); norm: [dv] scale of the gated RMSNorm
+    (RMSNorm(o) * norm * silu(z) per value head, epsilon eps); out: [d, Hv*dv]. Queries and keys are L2-normalised
+    per head (epsilon 1e-6) and queries scaled by 1/sqrt(dk) inside the rule."""
+
+    qkv: np.ndarray
+    conv: np.ndarray
+    z: np.ndarray
+    b: np.ndarray
+    a: np.ndarray
+    a_log: np.ndarray
+    dt_bias: np.ndarray
+    norm: np.ndarray
+    out: np.ndarray
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
 
 
 @dataclass
@@ -217,17 +267,21 @@ class DecoderLayerWeights:
     attn_out_norm, mlp_out_norm: [d] RMSNorm scales applied to the attention output and to the MLP output before
     each residual add (Gemma's sandwich norms); None for the Llama layout. Every scale is the one multiplied in
     (a (1 + w) norm's is 1 + w).
+    q_gate (contract v5): q is [H*2*hd, d], per head hd query rows then hd output-gate rows, and the attention output
+    is multiplied by sigmoid(gate) before o (Qwen3-Next / Qwen3.5 full attention).
+    linear (contract v5): a linear-attention layer (GatedDeltaWeights) in place of the attention; q, k, v, o and
+    their biases are then None.
     """
 
     input_norm: np.ndarray
     post_norm: np.ndarray
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
+    q: np.ndarray | None
+    k: np.ndarray | None
+    v: np.ndarray | None
     q_bias: np.ndarray | None
     k_bias: np.ndarray | None
     v_bias: np.ndarray | None
-    o: np.ndarray
+    o: np.ndarray | None
     gate: np.ndarray
     up: np.ndarray
     down: np.ndarray
@@ -235,14 +289,17 @@ class DecoderLayerWeights:
     k_norm: np.ndarray | None = None
     attn_out_norm: np.ndarray | None = None
     mlp_out_norm: np.ndarray | None = None
+    q_gate: bool = False
+    linear: GatedDeltaWeights | None = None
 
 
 @dataclass
 class DecoderWeights:
     """The text decoder as arrays, for graphs written op by op (export/ortform): layers, final norm [d], lm_head
-    [V, d], RMSNorm epsilon, head counts and head_dim, and rotary {"theta": float, "mrope_section": [t, h, w] or
-    None, "mrope_interleaved": bool} (engines/rotary.py: sections in blocks, or interleaved as Qwen3-VL's), plus
-    optionally "factor" (linear rope scaling: frequencies divided by it) and, for a decoder whose layers rotate
+    [V, d], RMSNorm epsilon, head counts and head_dim (of the attention layers), and rotary {"theta": float,
+    "mrope_section": [t, h, w] or None, "mrope_interleaved": bool} (engines/rotary.py: sections in blocks, or
+    interleaved as Qwen3-VL's), plus optionally "dim" (the rotated dims when a partial rotary turns fewer than
+    head_dim), "factor" (linear rope scaling: frequencies divided by it) and, for a decoder whose layers rotate
     differently (Gemma 3: local and global bases), "tables" [{"theta", "factor"}] (tables 1, 2, ...; table 0 is the
     base above) and "layer_tables" [per layer: its table].
     activation: the MLP's gate activation, "silu" or "gelu_tanh"; scale: the attention's score scale (None:
@@ -336,14 +393,37 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
+class DecoderState:
+    """Decoder state that is not a KV cache (contract v5): one tensor of ``shape`` per layer of ``layers``, carried
+    from each decoder call to the next (a linear-attention layer's conv state: its last K-1 inputs, or its recurrent
+    state). It has no sequence axis: a prefix of it cannot be cut back, only snapshotted whole.
+
+    name: the state's kind; the graph's input past_key_values.{layer}.{name} and output present.{layer}.{name}, each
+    [B, *shape]. dtype: "float32", or "model" for the decoder's float dtype."""
+
+    name: str
+    layers: tuple[int, ...]
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
 class DecoderSpec:
-    """What a family's decoder takes besides embeddings, positions and KV (contract v4). extras: the extra
+    """What a family's decoder takes besides embeddings, positions and KV (contract v4, v5). extras: the extra
     per-row inputs, in graph-input order (empty: the v3 decoder). attention (v5): sliding windows and bidirectional
-    prefill blocks. Export records them in the manifest (graphs.decoder.extras / .attention); engines and runtime
-    read that record, never the family."""
+    prefill blocks. kv_layers (v5): the layers with a KV cache (None: every layer); states (v5): the decoder states
+    that are not KV (DecoderState), in graph-input order after the KV cache. Export records them in the manifest
+    (graphs.decoder.extras / attention / kv_layers / states); engines and runtime read that record and the graph,
+    never the family."""
 
     extras: tuple[DecoderExtra, ...] = ()
     attention: AttentionSpec = AttentionSpec()
+    kv_layers: tuple[int, ...] | None = None
+    states: tuple[DecoderState, ...] = ()
+
+    def kv_layer_list(self, num_layers: int) -> tuple[int, ...]:
+        """The KV-cache layers of a decoder of ``num_layers`` layers, ascending."""
+        return tuple(range(num_layers)) if self.kv_layers is None else tuple(sorted(self.kv_layers))
 
 
 @dataclass
@@ -466,7 +546,11 @@ class Family(Protocol):
         """nn.Embedding: input_ids int64 [B,S] -> inputs_embeds [B,S,d]."""
 
     def probe_parts(self, model) -> ProbeParts:
-        """Layer 0's pieces for export/modules.ProbeGraph."""
+        """The probe layer's pieces for export/modules.ProbeGraph (layer 0's, or with ProbeParts.layer / prefix
+        the first full-attention layer's of a decoder whose first layers have no attention matrix)."""
+
+    # optional (contract v5): proxy_probe_parts(model) -> ProbeParts (kind "proxy") for `coverpruner-export --probe
+    # proxy`, a cheaper stand-in score; families without it refuse that option in one line
 
     def language_model(self, model):
         """The decoder stack: inputs_embeds [B,S,d], position_ids [B,S] or [R,B,S] -> last_hidden_state."""
@@ -482,10 +566,12 @@ class Family(Protocol):
         """Visual-column count of the probe graph's example inputs (any n >= 2; the axis stays dynamic)."""
 
     def decoder_spec(self, config) -> DecoderSpec:
-        """The decoder's extra inputs (contract v4; the HF base: none) and its attention masks (v5: the HF base
-        reads the text config's layer_types / sliding_window; no blocks). Each extra's features come from the
-        family's vision graph through ImageSpan.extras; export adds them after the named layers of
-        `language_model(model).layers` (standard form) or of `decoder_weights` (ORT form)."""
+        """The decoder's extra inputs (contract v4; the HF base: none), its attention masks (v5: the HF base reads
+        the text config's layer_types / sliding_window; no blocks) and its non-KV state (v5: the layers with a KV
+        cache and the DecoderStates of the others). Each extra's features come from the family's vision graph
+        through ImageSpan.extras; export adds them after the named layers of `language_model(model).layers`
+        (standard form) or of `decoder_weights` (ORT form). A decoder with states hands the standard form its cache
+        through `decoder_cache`."""
 
     def manifest_fields(self, config, model_dir) -> dict:
         """The family's part of manifest.json: dims, visual {max_visual_tokens, position_rank, position_mode},

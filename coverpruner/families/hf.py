@@ -149,10 +149,13 @@ class RenderedConversation:
     """A conversation through the chat template, image placeholders expanded.
 
     text: what the tokenizer sees. text_spans: per message, the [start, end) character spans of its text parts.
+    messages_end: the character where the generation prompt starts (the template rendered without it is the text
+    up to there), None when the template renders the messages otherwise without it.
     """
 
     text: str
     text_spans: tuple[tuple[tuple[int, int], ...], ...]
+    messages_end: int | None = None
 
 
 #: roles whose text parts are located in the rendered prompt (instruction tokens come from user turns). An
@@ -214,8 +217,13 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
         marked.append({"role": msg["role"], "content": parts})
     if images != len(rows_per_image):
         raise ValueError(f"the messages hold {images} images; {len(rows_per_image)} image spans were given")
+    template_kwargs = {**(template_kwargs or {}), **(context or {})}
     rendered = render_chat_template(chat_template, marked, add_generation_prompt=True, tools=tools or None,
-                                    **{**(template_kwargs or {}), **(context or {})})
+                                    **template_kwargs)
+    messages_only = render_chat_template(chat_template, marked, add_generation_prompt=False, tools=tools or None,
+                                         **template_kwargs)
+    # the generation prompt is the rendered text's tail when the messages render alike without it
+    prompt_tail = len(rendered) - len(messages_only) if rendered.startswith(messages_only) else None
     placeholders = "|".join(re.escape(t) for t in (image_token, video_token) if t)
     pieces = re.split("(" + placeholders + "|\u2063COVERPRUNER_TEXT\\d+\u2063)", rendered)
     out, spans, seen, image = [], [[] for _ in messages], set(), 0
@@ -240,7 +248,8 @@ def render_conversation(chat_template: str, messages: list[dict], image_token: s
     if image != images or len(seen) != len(texts):
         raise ValueError(f"chat template rendered {image} of {images} images and {len(seen)} of {len(texts)} "
                          "text parts")
-    return RenderedConversation("".join(out), tuple(tuple(s) for s in spans))
+    return RenderedConversation("".join(out), tuple(tuple(s) for s in spans),
+                                None if prompt_tail is None else length - prompt_tail)
 
 
 def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: list[dict], image_token_id: int,
@@ -272,8 +281,12 @@ def tokenize_conversation(tokenizer, rendered: RenderedConversation, messages: l
                      for p in m["content"] if p["type"] in ("image", "video")]
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     latest = instruction(users[-1]) if users else np.zeros(0, np.int64)
+    turn_end = None
+    if rendered.messages_end is not None:  # the tokens wholly before the generation prompt (offsets ascend)
+        ends = np.asarray([b for _, b in enc.offsets], dtype=np.int64)
+        turn_end = int(np.searchsorted(ends, rendered.messages_end, side="right"))
     return ConversationLayout(ids, image_spans, np.asarray(image_message, dtype=np.int64),
-                              tuple(instruction(i) for i in image_message), latest, rendered.text)
+                              tuple(instruction(i) for i in image_message), latest, rendered.text, turn_end)
 
 
 class CompactPositions:

@@ -59,7 +59,7 @@ def pixel_limits(d: dict) -> dict:
 @dataclass(frozen=True)
 class QwenImageSettings:
     """The checkpoint's preprocessor_config.json (Qwen2VLImageProcessor) fields that matter; the defaults are the
-    processor's own (Qwen2.5-VL's checkpoints); a family with other defaults subclasses it (qwen3_vl/preprocess.py)."""
+    processor's own (Qwen2.5-VL's checkpoints); a family with other defaults subclasses it (qwen3_preprocess.py)."""
 
     min_pixels: int = 56 * 56
     max_pixels: int = 28 * 28 * 1280
@@ -134,7 +134,7 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     """(H, W) the Qwen2-VL processor resizes a height x width image to (the processor's own rule): sides multiples of
     ``factor``, the aspect ratio kept as closely as possible, t_bar * H * W within [min_pixels, max_pixels] where
     t_bar is ``frames`` rounded to a multiple of ``temporal`` (1 for an image; Qwen3-VL's video rule bounds the
-    whole clip: qwen3_vl/video.py).
+    whole clip: qwen3_video.py).
 
     Raises ValueError for an aspect ratio above 200 (as HF does).
     """

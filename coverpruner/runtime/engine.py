@@ -25,6 +25,11 @@ A request's way through:
                   go into the prefix cache; a request whose prefill just ended shares its prompt's blocks at once
     cancel     -> drops a request in whichever stage it is (admission checks it between stages)
 
+A decoder with state that is not KV (contract v5, ``Model.decoder_states``) keeps no KV blocks in the prefix cache:
+its request's turn boundary (Prepared.turn_end) is a row where the scheduler ends a chunk (Pending.stops) and the
+staging worker a call; there its slot is snapshotted whole (KV rows and states) into the cache's boundary store,
+and a later request restores the longest stored boundary it reaches exactly (runtime/prefix_cache.py).
+
 A failure while processing one request in a shared step (its sampling, grammar mask, stop rule, result) fails
 that request alone (an error event; its slots freed); its neighbours' answers are unchanged. A failed prefill call
 fails the requests it carried; a failed decode call fails every request it carried (each gets its error event).
@@ -44,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from coverpruner.engine_dir import graph_spec
+from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort import device_type
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.admission import Admission
@@ -102,6 +108,8 @@ class _Job:
     error: Exception | None = None
     chain: BlockChain | None = None
     blocks: list = field(default_factory=list)  # the cached prefix it restores (held)
+    snapshot: KVSnapshot | None = None  # a decoder with states: the turn-boundary snapshot it restores instead
+    boundary: int | None = None  # a decoder with states: the row its slot is snapshotted at (its turn boundary)
     cached: int = 0
     done: int = 0
     staged: bool = False  # its rows but the last are in the slots' staging slot (prefilled by the admission worker)
@@ -174,6 +182,9 @@ class Engine:
         self.model, self.inputs, self.cache, self.slots = model, inputs, cache, slots
         self.max_batch, self.capacity = slots.max_batch, capacity
         self.scheduler = Scheduler(max_step_tokens if slots.batched else None, self.max_batch)
+        #: the decoder carries state that is not KV (contract v5): the prefix cache holds whole snapshots at turn
+        #: boundaries for it, no KV blocks (runtime/prefix_cache.py)
+        self.states = bool(getattr(model, "decoder_states", False))
         self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None)
         self._jobs: dict[int, _Job] = {}  # every request not finished, by id
         self._ready: list[_Job] = []  # prepared or prefilling, in arrival order
@@ -305,6 +316,8 @@ class Engine:
             if job.rid not in self._jobs:
                 continue
             job.done = chunk.stop
+            if chunk.stop == job.boundary:
+                events.append(self._snapshot_boundary(job))
             if chunk.final:
                 events += self._start_answers(job, first.get(job.rid), logits)
         return [e for e in events if e is not None]
@@ -318,10 +331,20 @@ class Engine:
     def _match(self, job: _Job) -> None:
         """The request's block chain and the longest cached prefix of it (held)."""
         prepared = job.prepared
-        if prepared.identity is not None:
-            job.chain = BlockChain(prepared.identity)
+        if prepared.identity is None:
+            return
+        job.chain = BlockChain(prepared.identity)
+        if not self.states:
             job.blocks = self.cache.match(job.chain, prepared.length - 1, prepared.whole)
             job.cached = job.done = len(job.blocks) * _block_rows(job.blocks)
+            return
+        # a decoder with states restores only a whole snapshot at a stored turn boundary, and is snapshotted at its
+        # own (the rows before its generation prompt) when that lies past what it restores
+        found = self.cache.match_boundary(job.chain, prepared.length - 1)
+        job.snapshot = found.snap if found is not None else None
+        job.cached = job.done = found.snap.length if found is not None else 0
+        end = prepared.turn_end
+        job.boundary = end if end is not None and job.cached < end < prepared.length else None
 
     def _enter(self, job: _Job) -> None:
         """A prepared request joins the ready list (its prefix matched, unless its staging did)."""
@@ -333,7 +356,8 @@ class Engine:
     def _pending(job: _Job) -> Pending:
         """A staged request waits only for the slots of its forks (it holds its own)."""
         slots = job.request.n - 1 if job.staged else job.request.n
-        return Pending(job.rid, job.prepared.length, job.done, slots, job.started, job.prepared.whole)
+        stops = (job.boundary,) if job.boundary is not None else ()
+        return Pending(job.rid, job.prepared.length, job.done, slots, job.started, job.prepared.whole, stops)
 
     def _stage(self, job: _Job, check) -> None:
         """On the admission worker's thread: the request's cached prefix and its rows but the last into the slots'
@@ -344,19 +368,23 @@ class Engine:
         self._match(job)
         reserved = False
         try:
-            while not self.slots.stage(job.blocks):
+            while not self.slots.stage(job.blocks, job.snapshot):
                 check()
                 time.sleep(0.005)
-            reserved = True
+            reserved, job.snapshot = True, None  # restored: the slot holds it now
             job.t_prefill = time.perf_counter()
             while job.done < prepared.length - 1:
                 check()
                 # a call never cuts a range one call must hold (contract v5's blocks: runtime/attention_blocks.py)
                 stop = call_end(prepared.whole, job.done, min(job.done + STAGE_ROWS, prepared.length - 1))
+                if job.boundary is not None and job.done < job.boundary:
+                    stop = min(stop, job.boundary)  # a decoder with states is snapshotted there
                 self.slots.stage_rows(Rows(-1, prepared.embeds(job.done, stop), prepared.positions[:, job.done:stop],
                                            prepared.extras(job.done, stop)))
                 job.done = stop
-            if job.chain is not None:  # its prompt's blocks, shared from here, copied on this thread
+                if stop == job.boundary:
+                    self.cache.insert_boundary(job.chain, stop, self.slots.stage_snapshot())
+            if job.chain is not None and not self.states:  # its prompt's blocks, shared from here, copied here
                 self.cache.insert(job.chain, job.done, self.slots.stage_read, job.blocks)
             self.slots.prefault_join()
             job.staged = True
@@ -382,7 +410,9 @@ class Engine:
                     job.handle, job.staged = self.slots.join_staged(forks), False
                 elif not job.started:
                     job.t_prefill = time.perf_counter()
-                    job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens, forks)
+                    job.handle = self.slots.open(job.blocks, prepared.length + prepared.state.max_tokens, forks,
+                                                 job.snapshot)
+                    job.snapshot = None  # restored: the slot holds it now
             except Exception as exc:  # noqa: BLE001 - this request's slot could not be opened
                 self._end(job)
                 failed.append((job, exc))
@@ -564,7 +594,21 @@ class Engine:
         self.cache.release(job.blocks)
         job.blocks = []
 
+    def _snapshot_boundary(self, job: _Job) -> EngineEvent | None:
+        """A decoder with states reached its turn boundary (its slot holds exactly those rows): its KV rows and
+        states go into the prefix cache whole. A failure here ends this request alone (its error event)."""
+        try:
+            self.cache.insert_boundary(job.chain, job.boundary, self.slots.snapshot(job.handle))
+        except Exception as exc:  # noqa: BLE001
+            self._end(job)
+            return EngineEvent(job.rid, error=exc)
+        return None
+
     def _insert(self, handle: int, chain: BlockChain, rows: int, held: list) -> None:
+        """KV blocks of the slot's first ``rows`` rows into the prefix cache (none for a decoder with states: KV rows
+        without the states at the same row are useless; it keeps turn-boundary snapshots instead)."""
+        if self.states:
+            return
         self.cache.insert(chain, rows, lambda start, stop: self.slots.read(handle, start, stop), held)
 
     def _hold_copy(self, blocks: list[Block]) -> list[Block]:

@@ -88,6 +88,13 @@ class Prepared:
         """L', the pruned sequence length."""
         return len(self.rows)
 
+    @property
+    def turn_end(self) -> int | None:
+        """The pruned rows before the chat template's generation prompt (the layout's turn_end, contract v5; None
+        when the layout does not say): where a decoder with states is snapshotted for a later turn."""
+        end = self.native.layout.turn_end
+        return None if end is None else int(np.searchsorted(self.rows, end))
+
     def embeds(self, start: int, stop: int) -> np.ndarray:
         """float [S,d]: the embeddings of pruned rows start..stop-1."""
         return self.native.embeds[self.rows[start:stop]]

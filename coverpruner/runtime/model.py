@@ -24,6 +24,7 @@ from coverpruner.engines.interfaces import SessionFactory
 from coverpruner.engines.ort import PROVIDERS, OrtSessionFactory, ProviderError, device_type, shrink_arena_options
 from coverpruner.engines.ort_decoder import OrtDecoderSession
 from coverpruner.engines.ort_form_decoder import OrtFormDecoderSession
+from coverpruner.engines.state_buffers import dims_problem
 from coverpruner.families import get_family
 from coverpruner.runtime.errors import ManifestError, OptionError
 from coverpruner.runtime.grammar import GrammarCompiler
@@ -133,6 +134,15 @@ class Model:
         own_loop = getattr(sessions["decoder"], "decoder_loop", None)
         #: "standard" or "ort" (graphs.decoder.form): the ORT form has its own in-place KV loop
         self.decoder_form = manifest.decoder_form
+        #: the decoder carries state that is not KV (contract v5, graphs.decoder.states): its prefix cache keeps
+        #: whole snapshots at turn boundaries instead of KV blocks (runtime/prefix_cache.py, runtime/engine.py)
+        self.decoder_states = bool(graph_spec(manifest, "decoder").states)
+        if self.decoder_states and own_loop is not None and self.decoder_form != "ort":
+            raise OptionError(f"{manifest.root}: the decoder carries state that is not KV (graphs.decoder.states); "
+                              "the native TensorRT decoder loop does not carry it yet: use provider 'cpu' or 'cuda'")
+        problem = dims_problem(sessions["decoder"].get_inputs(), *dims[:3])
+        if problem is not None:
+            raise ManifestError(f"{manifest.root / 'manifest.json'}: {problem}")
         try:
             if self.decoder_form == "ort":
                 self.decoder = OrtFormDecoderSession(sessions["decoder"], *dims,

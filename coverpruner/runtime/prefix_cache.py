@@ -27,7 +27,15 @@ causal), so it is cached too, keyed by that native prefix and the selection opti
 re-runs an earlier image's probe nor its selection. Vision outputs are cached by a hash of the vision graph's
 feeds (the preprocessed pixels), so an image seen before skips the vision graph.
 
-`max_bytes` bounds the three stores together, index included (a block counts its KV, its identity rows and
+A decoder with state that is not KV (contract v5: a hybrid decoder's Gated DeltaNet layers carry a conv and a
+recurrent state per layer) cannot be cut back to a block's end: its state holds the effect of every row so far, and
+KV blocks without the state at the same row are useless. For it the cache keeps no blocks but whole snapshots
+(``Boundary``: the KV rows and the states after them) at turn boundaries only, the rows before the chat template's
+generation prompt (Prepared.turn_end), which a later turn of the conversation renders the same way; a lookup
+(``match_boundary``) restores the longest stored boundary that the request's rows reach exactly (a partial match
+falls back to the longest boundary below it), never a row in between. Boundaries count in the same budget.
+
+`max_bytes` bounds the four stores together, index included (a block counts its KV, its identity rows and
 BLOCK_OVERHEAD bytes of index; 0 disables the cache); an entry larger than it is not stored. Thread-safe: the
 admission worker (vision, selections) and the engine loop (KV blocks) share one cache under one lock.
 """
@@ -303,15 +311,75 @@ class KVBlocks(_Store):
             parent = block
 
 
+def boundary_key(chain: BlockChain, rows: int) -> bytes:
+    """The key of the chain's first ``rows`` rows (rows <= chain.rows): its last full block's key, then the rows
+    after that block and the row count (a Boundary ends anywhere, not only at a block's end)."""
+    full = rows // BLOCK_ROWS
+    prev = chain.keys[full - 1] if full else b""
+    tail = chain.ident[full * BLOCK_ROWS:rows]
+    return hashlib.blake2b(prev + tail.tobytes() + rows.to_bytes(8, "little"), digest_size=16,
+                           person=b"turn-boundary").digest()
+
+
+@dataclass(eq=False)
+class Boundary:
+    """A decoder-with-states snapshot at a turn boundary: ``ident`` int64 [P, C], the identities of the rows it holds,
+    and ``snap``: the KVSnapshot of those P rows with the decoder states after them (restored whole)."""
+
+    ident: np.ndarray
+    snap: KVSnapshot
+
+    @property
+    def nbytes(self) -> int:
+        return self.snap.nbytes + self.ident.nbytes + BLOCK_OVERHEAD
+
+
+class BoundaryStore(_Store):
+    """boundary_key -> Boundary, and how many are stored per length (the lengths a lookup tries, longest first)."""
+
+    def __init__(self, budget: _Budget):
+        super().__init__(budget)
+        self.lengths: dict[int, int] = {}
+
+    def put_boundary(self, chain: BlockChain, rows: int, snap: KVSnapshot) -> None:
+        if not 0 < rows <= chain.rows or snap.length != rows:
+            raise ValueError(f"a boundary of {rows} rows needs a chain of at least as many and a snapshot of exactly "
+                             f"as many (chain {chain.rows}, snapshot {snap.length})")
+        key = boundary_key(chain, rows)
+        if key in self.items:
+            self.remove(key)
+        entry = Boundary(np.ascontiguousarray(chain.ident[:rows]), snap)
+        if self.budget.max_bytes == 0 or entry.nbytes > self.budget.max_bytes:
+            return  # larger than the budget: not stored
+        self.lengths[rows] = self.lengths.get(rows, 0) + 1  # counted first: the trim may evict it at once
+        self.put(key, entry, entry.nbytes)
+
+    def remove(self, key) -> None:
+        rows = len(self.items[key].ident)
+        super().remove(key)
+        self.lengths[rows] -= 1
+        if not self.lengths[rows]:
+            del self.lengths[rows]
+
+    def match(self, chain: BlockChain, max_rows: int) -> Boundary | None:
+        """The longest stored boundary the chain's rows reach exactly, at most max_rows rows (touched), or None."""
+        for rows in sorted((r for r in self.lengths if r <= min(max_rows, chain.rows)), reverse=True):
+            found = self.get(boundary_key(chain, rows))
+            if found is not None and np.array_equal(found.ident, chain.ident[:rows]):  # never a collision's
+                return found
+        return None
+
+
 class PrefixCache:
-    """The three stores (see the module docstring): ``kv`` (KVBlocks), ``vision`` (VisionStore), ``selections``
-    (SelectionStore), all within ``max_bytes``, behind one lock."""
+    """The four stores (see the module docstring): ``kv`` (KVBlocks), ``boundaries`` (BoundaryStore, a decoder with
+    states), ``vision`` (VisionStore), ``selections`` (SelectionStore), all within ``max_bytes``, behind one lock."""
 
     def __init__(self, max_bytes: int):
         self._budget = _Budget(max_bytes)
         self._lock = threading.RLock()
         self.kv, self.vision, self.selections = KVBlocks(self._budget), VisionStore(self._budget), \
             SelectionStore(self._budget)
+        self.boundaries = BoundaryStore(self._budget)
 
     @property
     def max_bytes(self) -> int:
@@ -328,7 +396,7 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every entry (blocks held by running requests stay until they end)."""
         with self._lock:
-            for store in (self.kv, self.vision, self.selections):
+            for store in (self.kv, self.boundaries, self.vision, self.selections):
                 for key in sorted(store.items, key=lambda k: -self._depth(store, k)):  # leaves first
                     if store.evictable(key):
                         store.remove(key)
@@ -384,3 +452,15 @@ class PrefixCache:
         """KVBlocks.insert: store the not yet stored blocks of the chain's first ``rows`` rows (held from then on)."""
         with self._lock:
             self.kv.insert(chain, rows, read, held)
+
+    def match_boundary(self, chain: BlockChain, max_rows: int) -> Boundary | None:
+        """BoundaryStore.match: the longest stored turn boundary of a decoder with states that ``chain`` reaches
+        exactly (at most max_rows rows), or None. The entry may be evicted later; its snapshot stays the caller's."""
+        with self._lock:
+            return self.boundaries.match(chain, max_rows)
+
+    def insert_boundary(self, chain: BlockChain, rows: int, snap: KVSnapshot) -> None:
+        """Store a decoder-with-states snapshot of the chain's first ``rows`` rows (KV rows and the states after
+        them), taken at a turn boundary (a larger one than the budget is not stored)."""
+        with self._lock:
+            self.boundaries.put_boundary(chain, rows, snap)

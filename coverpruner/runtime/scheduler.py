@@ -13,6 +13,8 @@ Rules, in order:
 3. With what is left of the budget, requests prefill in arrival order: first the started ones, then the ready ones
    while their n slots are free (first come, first served: a request that needs more slots than are free waits,
    and so do the ones behind it). A request with a cached prefix starts after it (``Pending.done``).
+4. A chunk never runs past a request's next ``Pending.stops`` row (a row its slot must be read at: a decoder with
+   states is snapshotted at its turn boundary, runtime/engine.py).
 A long prefill is thus split into chunks across steps, each step near one decode step's time when the budget is
 set so (``--max-step-tokens``); with no budget (None) a request prefills whole, which is what a single slot does
 (there is nothing to interleave it with).
@@ -33,7 +35,8 @@ from coverpruner.runtime.attention_blocks import call_end
 class Pending:
     """A request waiting to prefill or prefilling: ``rid``, ``total`` pruned rows L', ``done`` rows already in (or
     restored into) its slot, ``slots`` it takes (its n answers), ``started`` (it holds its slots), ``whole``: the row
-    ranges [a, b) no chunk may cut (rule 4; () for most families)."""
+    ranges [a, b) no chunk may cut (rule 4; () for most families), ``stops``: rows where a chunk must end (rule 4: a
+    decoder with states is snapshotted there)."""
 
     rid: int
     total: int
@@ -41,6 +44,7 @@ class Pending:
     slots: int = 1
     started: bool = False
     whole: tuple = ()
+    stops: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,8 @@ class Scheduler:
                 if p.slots > free_slots or (left < 1 and (running or chunks)):
                     break
                 free_slots -= p.slots
-            stop = p.done + max(1, int(min(p.total - p.done, left)))
-            stop = min(call_end(p.whole, p.done, stop, alone_last=True), p.total)
+            rows = max(1, int(min(p.total - p.done, left, *(s - p.done for s in p.stops if s > p.done))))
+            stop = min(call_end(p.whole, p.done, p.done + rows, alone_last=True), p.total)
             chunks.append(PrefillChunk(p.rid, p.done, stop, p.total))
             left -= stop - p.done
         return StepPlan(tuple(running), tuple(chunks), budget)

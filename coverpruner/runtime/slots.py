@@ -1,11 +1,13 @@
 """The decoder slots the engine loop (runtime/engine.py) runs on: one request over any DecoderLoop (``LoopSlots``),
 or up to max_batch over an ORT-form BatchDecoder (``BatchSlots``). One interface:
 
-    open(prefix, capacity) -> handle   a slot for a new request, empty or holding a restored prefix (KV blocks)
+    open(prefix, capacity, reserve, whole) -> handle   a slot for a new request, empty or holding a restored
+                                        prefix (KV blocks, or a whole KVSnapshot with a decoder's states)
     prefill(items) -> {handle: logits | None}   prompt rows of some requests (a chunk each)
     decode(feeds) -> {handle: logits}   ONE decoder call, one row per fed request
     fork(handle, count) -> [handle]     the request's cache copied into new slots (n answers)
     read(handle, start, stop)           host copies of cached rows (what the prefix cache stores)
+    snapshot(handle)                    host copies of all its cached rows and decoder states (contract v5)
     leave(handle)
 
 ``batched`` says how a prefill ends: LoopSlots runs a chunk in one forward and returns its last row's logits (there
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coverpruner.engine_dir import position_ids_input
+from coverpruner.engines.interfaces import KVSnapshot
 from coverpruner.engines.ort_form_decoder import BatchDecoder
 from coverpruner.runtime.errors import OptionError
 from coverpruner.runtime.prefix_cache import Block, join_blocks
@@ -52,10 +55,13 @@ class LoopSlots:
         self.decoder, self.rank = decoder, position_rank
         self.free = 1
 
-    def open(self, prefix: list[Block], capacity: int, reserve: int = 0) -> int:
-        """Reset the cache to ``capacity`` tokens and restore the prefix blocks -> handle 0 (no forks: reserve 0)."""
+    def open(self, prefix: list[Block], capacity: int, reserve: int = 0, whole: KVSnapshot | None = None) -> int:
+        """Reset the cache to ``capacity`` tokens and restore the prefix blocks, or the ``whole`` snapshot (a decoder
+        with states: its KV rows and states) -> handle 0 (no forks: reserve 0)."""
         self.decoder.reset(capacity)
-        if prefix:
+        if whole is not None:
+            self.decoder.restore(whole)
+        elif prefix:
             self.decoder.restore(join_blocks(prefix))
         self.free = 0
         return 0
@@ -81,6 +87,9 @@ class LoopSlots:
         cut = slice(start, stop)
         return tuple(a[:, :, cut] for a in snap.keys), tuple(a[:, :, cut] for a in snap.values)
 
+    def snapshot(self, handle: int) -> KVSnapshot:
+        return self.decoder.snapshot()
+
     def length(self, handle: int) -> int:
         return self.decoder.length
 
@@ -103,12 +112,14 @@ class BatchSlots:
     def free(self) -> int:
         return self.decoder.free
 
-    def stage(self, prefix: list[Block]) -> bool:
-        """Reserve the staging slot and write the prefix blocks into it (the admission worker's thread); False when
-        no slot is free or another request is staged."""
+    def stage(self, prefix: list[Block], whole: KVSnapshot | None = None) -> bool:
+        """Reserve the staging slot and write the prefix blocks, or the ``whole`` snapshot, into it (the admission
+        worker's thread); False when no slot is free or another request is staged."""
         if self.decoder.stage() is None:
             return False
         try:
+            if whole is not None:
+                self.decoder.stage_restore(whole)
             for block in prefix:
                 self.decoder.stage_append(block.keys, block.values)
         except BaseException:
@@ -127,6 +138,9 @@ class BatchSlots:
         """The staging thread, its rows in: fault in the memory the join writes (BatchDecoder.prefault_join)."""
         self.decoder.prefault_join()
 
+    def stage_snapshot(self) -> KVSnapshot:
+        return self.decoder.stage_snapshot()
+
     def join_staged(self, reserve: int = 0) -> int:
         return self.decoder.join_staged(reserve)
 
@@ -136,10 +150,10 @@ class BatchSlots:
     def unreserve(self, count: int) -> None:
         self.decoder.unreserve(count)
 
-    def open(self, prefix: list[Block], capacity: int, reserve: int = 0) -> int:
-        """A free slot with the prefix blocks written into it, block by block (no joined copy), and ``reserve``
-        slots promised to its forks."""
-        handle = self.decoder.open(reserve=reserve)
+    def open(self, prefix: list[Block], capacity: int, reserve: int = 0, whole: KVSnapshot | None = None) -> int:
+        """A free slot with the prefix blocks written into it, block by block (no joined copy), or the ``whole``
+        snapshot (a decoder with states), and ``reserve`` slots promised to its forks."""
+        handle = self.decoder.open(whole, reserve=reserve)
         for block in prefix:
             self.decoder.append(handle, block.keys, block.values)
         return handle
@@ -160,6 +174,9 @@ class BatchSlots:
 
     def read(self, handle: int, start: int, stop: int) -> tuple[tuple, tuple]:
         return self.decoder.read(handle, start, stop)
+
+    def snapshot(self, handle: int) -> KVSnapshot:
+        return self.decoder.snapshot(handle)
 
     def length(self, handle: int) -> int:
         return self.decoder.length(handle)

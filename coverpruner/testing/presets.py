@@ -15,6 +15,9 @@ Presets:
   gemma3-tiny      Gemma 3: a 64-wide SigLIP (336 px / 14 = 24 x 24 patches, pooled 2 x 2 to 144 soft tokens) and a
                    Gemma 3 decoder (sliding layer 0, full layer 1, window 160, q/k norm, query_pre_attn_scalar 24).
   gemma-3-4b/12b/27b  google/gemma-3-{4b,12b,27b}-it widths (shape-real, few layers).
+  qwen3.5-tiny     Qwen3.5: the Qwen3-VL tiny tower without DeepStack and a hybrid decoder (3 Gated DeltaNet layers,
+                   then 1 gated full-attention layer with q/k norm and partial interleaved M-RoPE).
+  qwen3.5-0.8b/2b/4b/9b  Qwen3.5-{0.8B,2B,4B,9B} widths (shape-real; use --layers 4: 3 linear + 1 full).
 Each row names its family (registry name) and its writer ("module:function", testing/<family>_checkpoints.py),
 which turns the preset into an HF checkpoint directory; a new family adds rows here and its writer module.
 """
@@ -123,6 +126,40 @@ def _gemma3_text(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int, 
                 layer_pattern=_GEMMA3_PATTERN, rope_parameters=_GEMMA3_ROPE, max_position_embeddings=131072,
                 rms_norm_eps=1e-6, vocab_size=262208, hidden_activation="gelu_pytorch_tanh",
                 final_logit_softcapping=30.0)
+_QWEN35_WRITER = "coverpruner.testing.qwen3_5_checkpoints:write_qwen3_5_checkpoint"
+# Qwen3.5's decoder (text_config of the released config.json files): GQA full-attention layers with head_dim 256, an
+# output gate and partial rotary (0.25 of head_dim: 64 dims, mrope_section [11, 11, 10] interleaved, theta 1e7);
+# Gated DeltaNet layers with 16 key heads of 128 and 16 (0.8B, 2B) or 32 (4B, 9B) value heads of 128, conv kernel 4;
+# vocabulary 248,320. Sources (public copies of each checkpoint's config.json, read through the code search):
+#   0.8B: text 1024 / ffn 3584 / 24 layers / 8 heads / 2 kv / value heads 16, tied; vision 12 x 768 (ffn 3072,
+#         12 heads) -> 1024 (a full copy of Qwen/Qwen3.5-0.8B's config.json in a C++ config test);
+#   4B:   text 2560 / 9216 / 32 layers / 16 heads / 4 kv / value heads 32, tied (a MaxText guard test "against
+#         Qwen/Qwen3.5-4B's config.json" and two copies of the config); vision 24 x 1024 (ffn 4096, 16 heads) -> 2560
+#         (a copy of a Qwen3.5-4B-based checkpoint's config);
+#   9B:   text 4096 / 12288 / 16 heads / 4 kv / head_dim 256 (a Qwen3.5-9B shape contract); 32 layers (the
+#         release's model table); value heads 32 (transformers' Qwen3_5TextConfig defaults, documented as the
+#         Qwen3.5-9B style); not tied; vision 27 x 1152 (ffn 4304) -> 4096 (a Qwen3.5 vision config with the 9B's
+#         4096 output; the same tower as Qwen3-VL-8B's);
+#   2B:   text 2048 wide, 24 layers (the release's model table and a parameter-count note on Qwen/Qwen3.5-2B);
+#         ffn 6144, 8 heads / 2 kv, value heads 16 and the 24 x 1024 tower -> 2048 are NOT confirmed from a copy of
+#         its config: they follow Qwen3-VL-2B's widths and Qwen3.5-0.8B's head layout (to be checked against the
+#         checkpoint before quoting 2B figures).
+# Processor limits: the Qwen3-VL processor's (Qwen3.5 loads Qwen3VLProcessor with Qwen2VLImageProcessor).
+_QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True, "partial_rotary_factor": 0.25}
+
+
+def _qwen35_text(hidden: int, ffn: int, layers: int, heads: int, kv: int, value_heads: int) -> dict:
+    return dict(hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=value_heads,
+                linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                max_position_embeddings=262144, rms_norm_eps=1e-6, vocab_size=248320, rope_parameters=_QWEN35_ROPE)
+
+
+def _qwen35_vision(depth: int, hidden: int, ffn: int, heads: int, out: int) -> dict:
+    return dict(depth=depth, hidden_size=hidden, intermediate_size=ffn, num_heads=heads, out_hidden_size=out,
+                patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=2304,
+                hidden_act="gelu_pytorch_tanh")
 
 
 PRESETS: dict[str, Preset | QwenPreset] = {
@@ -218,6 +255,41 @@ PRESETS: dict[str, Preset | QwenPreset] = {
                           tokenizer_vocab=1000, dtype="float16", init_range=0.02,
                           extra=dict(mm_tokens_per_image=256, vision_layers=4), family="gemma3",
                           writer=_GEMMA3_WRITER),
+    "qwen3.5-tiny": QwenPreset(
+        vision=dict(depth=3, hidden_size=64, intermediate_size=96, num_heads=4, out_hidden_size=64, patch_size=16,
+                    spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64,
+                    hidden_act="gelu_pytorch_tanh"),
+        # 4 layers: 3 Gated DeltaNet + 1 full attention (the default pattern); head_dim 64 so the partial rotary's
+        # 16 dims (cos/sin 8 wide, what ONNX Runtime's GroupQueryAttention takes) carry sections [2, 3, 3]; theta 1e4
+        # as the other tiny Qwens so that wrong positions change the answer
+        text=dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, linear_num_key_heads=2, linear_num_value_heads=4,
+                  linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                  max_position_embeddings=2048, rms_norm_eps=1e-6,
+                  rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                   "mrope_interleaved": True, "partial_rotary_factor": 0.25}),
+        min_pixels=32 * 32 * 4, max_pixels=32 * 32 * 160, dtype="float32", init_range=0.2,
+        family="qwen3_5", writer=_QWEN35_WRITER,
+    ),
+    "qwen3.5-0.8b": QwenPreset(
+        vision=_qwen35_vision(12, 768, 3072, 12, 1024), text=_qwen35_text(1024, 3584, 24, 8, 2, 16),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_5", writer=_QWEN35_WRITER,
+        extra=dict(tie_word_embeddings=True),
+    ),
+    "qwen3.5-2b": QwenPreset(
+        vision=_qwen35_vision(24, 1024, 4096, 16, 2048), text=_qwen35_text(2048, 6144, 24, 8, 2, 16),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_5", writer=_QWEN35_WRITER,
+        extra=dict(tie_word_embeddings=True),
+    ),
+    "qwen3.5-4b": QwenPreset(
+        vision=_qwen35_vision(24, 1024, 4096, 16, 2560), text=_qwen35_text(2560, 9216, 32, 16, 4, 32),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_5", writer=_QWEN35_WRITER,
+        extra=dict(tie_word_embeddings=True),
+    ),
+    "qwen3.5-9b": QwenPreset(
+        vision=_qwen35_vision(27, 1152, 4304, 16, 4096), text=_qwen35_text(4096, 12288, 32, 16, 4, 32),
+        **_QWEN3_PIXELS, dtype="float16", init_range=0.02, vision_layers=4, family="qwen3_5", writer=_QWEN35_WRITER,
+    ),
 }
 
 

@@ -22,9 +22,10 @@ QWEN_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|
 QWEN_MARKERS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
 
-def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
+def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0, added: tuple[str, ...] = ()):
     """Byte-level BPE `tokenizers.Tokenizer` like Qwen2's (no BOS), specials appended after the trained pieces, then
-    the tool-call and thinking markers (QWEN_MARKERS, added tokens that are not special).
+    ``added`` (tokens that are one id each but not special, kept when decoding), then the tool-call and thinking
+    markers (QWEN_MARKERS, added tokens that are not special) not already added.
 
     Trained on the same generated corpus as the LLaVA test tokenizer plus ChatML pieces.
     """
@@ -39,7 +40,9 @@ def train_qwen_tokenizer(vocab_size: int = 1000, seed: int = 0):
     chat = ["system\nYou are a helpful assistant.\n", "user\nWhat is shown in this image?\n", "assistant\n"] * 200
     tok.train_from_iterator(chat + corpus(seed), trainer=trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_MARKERS])
+    # ``added`` first (Qwen3.5's checkpoints keep <think> / </think> at the ids they had before the markers came)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                    for t in (*added, *(t for t in QWEN_MARKERS if t not in added))])
     return tok
 
 
@@ -97,12 +100,13 @@ def check_preset(presets: dict, preset: str) -> QwenPreset:
 
 
 def write_qwen_vl_checkpoint(output: str | Path, preset: QwenPreset, tokenizer, config, model_class, generation: dict,
-                             chat_template: str, model_max_length: int, processor, seed: int = 0) -> Path:
+                             chat_template: str, model_max_length: int, processor, seed: int = 0, init=None) -> Path:
     """Write a random-weight checkpoint of `model_class(config)` into `output`; returns the directory.
 
     Weights: normal(0, init_range) for linears, embeddings and biases, 1 + normal for norms, created in the preset's
-    dtype after torch.manual_seed(seed) (deterministic for a given seed). generation_config.json: the text config's
-    bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
+    dtype after torch.manual_seed(seed) (deterministic for a given seed); ``init(model, init_range)`` then re-draws
+    what a family's parameters mean otherwise (Qwen3.5's zero-centred norms and decay parameters).
+    generation_config.json: the text config's bos / pad, eos [<|im_end|>, <|endoftext|>] and `generation`'s sampling fields.
     """
     import torch
     from transformers import GenerationConfig
@@ -113,6 +117,8 @@ def write_qwen_vl_checkpoint(output: str | Path, preset: QwenPreset, tokenizer, 
     with default_dtype(getattr(torch, preset.dtype)), torch.no_grad():
         model = model_class(config)
         randomize(model, preset.init_range)
+        if init is not None:
+            init(model, preset.init_range)
     t = config.text_config
     model.generation_config = GenerationConfig(bos_token_id=t.bos_token_id, pad_token_id=t.pad_token_id,
                                                eos_token_id=[t.eos_token_id, t.bos_token_id], **generation)

@@ -1,6 +1,10 @@
 """Planting a family for a contract test: its package copied into a temporary folder on sys.path, its FAMILY first in
 the registry (so the LLaVA checkpoint's model_type finds it), the checkpoint exported in both decoder forms; all
-undone on exit. The planted package is the only code of the family: nothing outside it changes."""
+undone on exit. The planted package is the only code of the family: nothing outside it changes.
+
+The planted tests' shared module fixtures live here too (a test module imports them): ``image`` (noise_image) and
+``want``, the test module's own ``reference(checkpoint, image)`` on its ``planted`` checkpoint.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import contextlib
 import shutil
 import sys
 from pathlib import Path
+
+import pytest
 
 
 @contextlib.contextmanager
@@ -72,3 +78,14 @@ def noise_image():
     from PIL import Image
 
     return Image.fromarray(np.random.default_rng(3).integers(0, 256, (180, 240, 3), dtype=np.uint8))
+
+
+@pytest.fixture(scope="module")
+def image():
+    return noise_image()
+
+
+@pytest.fixture(scope="module")
+def want(request, planted, image):
+    """The test module's reference answer: its reference(checkpoint, image) on the planted checkpoint."""
+    return request.module.reference(planted[0], image)

@@ -18,6 +18,8 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.contract.planting import image, want  # noqa: F401 - the planted tests' shared fixtures
+
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch", reason="the reference runs the PyTorch model")
 
@@ -83,18 +85,6 @@ def reference(checkpoint, image, blocks_on: bool = True):
                      attention_mask=mask(step, length + t, WINDOW), position_ids=torch.tensor([[length + t]]),
                      past_key_values=res.past_key_values, use_cache=True)
     return out, keep, len(rows), first
-
-
-@pytest.fixture(scope="module")
-def image():
-    from tests.contract.planting import noise_image
-
-    return noise_image()
-
-
-@pytest.fixture(scope="module")
-def want(planted, image):
-    return reference(planted[0], image)
 
 
 def test_manifest_records_the_attention(planted):

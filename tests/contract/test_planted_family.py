@@ -14,6 +14,8 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.contract.planting import image, want  # noqa: F401 - the planted tests' shared fixtures
+
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch", reason="the reference runs the PyTorch model")
 
@@ -77,18 +79,6 @@ def reference(checkpoint, image, with_extras: bool = True):
         for h in hooks:
             h.remove()
     return out[0].tolist(), keep
-
-
-@pytest.fixture(scope="module")
-def image():
-    from tests.contract.planting import noise_image
-
-    return noise_image()
-
-
-@pytest.fixture(scope="module")
-def want(planted, image):
-    return reference(planted[0], image)
 
 
 def test_manifest_records_the_extras(planted):

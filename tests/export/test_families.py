@@ -40,7 +40,7 @@ def test_registry_lookups_and_errors():
     # every package under coverpruner/families/ (tests/test_family_discovery.py checks that set), sorted
     with pytest.raises(KeyError, match=re.escape(f"known families: {family_names()}")):
         get_family("nope")
-    assert {"gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_vl"} <= set(family_names())
+    assert {"gemma3", "llava", "llava_next", "qwen2_5_vl", "qwen3_5", "qwen3_vl"} <= set(family_names())
     with pytest.raises(KeyError, match="model_type 'bert' is not supported"):
         family_for_model_type("bert")
 

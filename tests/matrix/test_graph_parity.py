@@ -40,10 +40,16 @@ def test_graph_matches_hf(family, request, graph_case):
 def test_decoder_matches_hf(family, request, decoder_case):
     case = family.facts.decoder_case(family, request, decoder_case)
     sess = family.memo(("session", "decoder"), lambda: _session(family.export / "decoder.onnx"))
-    dims = json.loads((family.export / "manifest.json").read_text())["dims"]
+    manifest = json.loads((family.export / "manifest.json").read_text())
+    dims, record = manifest["dims"], manifest["graphs"]["decoder"]
     batch, length = case.mask.shape
-    past = [np.zeros((batch, dims["num_kv_heads"], 0, dims["head_dim"]), np.float32)
-            for _ in range(2 * dims["num_layers"])]
+    # the KV layers and the states that are not KV (contract v5; every layer has KV and none has states otherwise)
+    kv_layers = record.get("kv_layers", list(range(dims["num_layers"])))
+    names = [f"past_key_values.{i}.{kind}" for i in kv_layers for kind in ("key", "value")]
+    past = [np.zeros((batch, dims["num_kv_heads"], 0, dims["head_dim"]), np.float32) for _ in names]
+    for state in record.get("states", []):  # a prefill starts from zero states
+        names += [f"past_key_values.{i}.{state['name']}" for i in state["layers"]]
+        past += [np.zeros((batch, *state["shape"]), state["dtype"]) for _ in state["layers"]]
     embeds, positions, mask, tokens = case.embeds, case.positions, case.mask, []
     for step in range(case.steps + 1):
         feed = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
@@ -51,7 +57,7 @@ def test_decoder_matches_hf(family, request, decoder_case):
             feed[name] = rows if step == 0 else np.zeros((batch, 1, rows.shape[-1]), rows.dtype)
         if case.blocks is not None:  # contract v5: the prefill rows' blocks; a decode row is text
             feed["attention_blocks"] = case.blocks if step == 0 else np.full((batch, 1), -1, np.int64)
-        feed.update({f"past_key_values.{i // 2}.{'value' if i % 2 else 'key'}": p for i, p in enumerate(past)})
+        feed.update(zip(names, past))
         logits, *past = sess.run(None, feed)
         want = case.hf_logits(step, tokens[-1] if step else None)
         assert logits.shape == (batch, 1, dims["vocab_size"])

@@ -18,7 +18,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.serving.conftest import PROMPT, data_url, start_server, user_message
+from tests.serving.conftest import PROMPT, data_url, start_server, thinking_off, user_message
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +48,12 @@ def served(family_case):
         yield openai.OpenAI(base_url=f"{url}/v1", api_key="any", max_retries=0, timeout=120)
 
 
-def _reference_logprobs(pipe, image, tokens_wanted: int, top: int):
+def _reference_logprobs(pipe, image, tokens_wanted: int, top: int, opts: dict):
     """Greedy tokens and torch's float64 log_softmax of the logits at each step, from Pipeline.prefill / decode
-    (one request on the pipeline's own decoder loop): [(token id, its logprob, top values [top])]."""
+    (one request on the pipeline's own decoder loop, with the options ``opts``): [(token id, its logprob, top
+    values [top])]."""
     messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": PROMPT}]}]
-    request = pipe.chat_request(messages, max_new_tokens=tokens_wanted, **OPTS)
+    request = pipe.chat_request(messages, max_new_tokens=tokens_wanted, **opts)
     native = pipe.native_sequence(request)
     pre = pipe.prefill(request, native, pipe.select(request, native))
     logits, out = np.array(pre.logits), []
@@ -75,35 +76,37 @@ def family_case(family):
 
 def test_openai_api_every_family(family_case, served, demo_png):
     family, client, image = family_case, served, Image.open(io.BytesIO(demo_png))
+    # the answers compared here are contents: a template that thinks by default (Qwen3.5) has its thinking off
+    opts = {**OPTS, **thinking_off(family.export)}
     msgs = user_message(data_url(demo_png))
-    single = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, extra_body=OPTS)
+    single = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, extra_body=opts)
     text = single.choices[0].message.content
 
     # n: one prefill forked into n slots (ORT form); a 400 naming n where the server decodes one at a time
     if family.form == "ort":
-        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, n=3, extra_body=OPTS)
+        r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, n=3, extra_body=opts)
         assert [c.index for c in r.choices] == [0, 1, 2]
         assert [c.message.content for c in r.choices] == [text] * 3
         assert r.usage.completion_tokens == 3 * single.usage.completion_tokens
-        seeded = dict(temperature=1.5, seed=11, max_tokens=8, extra_body=OPTS)
+        seeded = dict(temperature=1.5, seed=11, max_tokens=8, extra_body=opts)
         alone = client.chat.completions.create(model="tiny", messages=msgs, **seeded).choices[0].message.content
         three = client.chat.completions.create(model="tiny", messages=msgs, n=3, **seeded).choices
         assert three[0].message.content == alone  # answer 0 draws the request's own seed stream
         assert len({c.message.content for c in three}) > 1  # answers 1, 2 draw their own streams
         parts = {0: [], 1: []}
         for chunk in client.chat.completions.create(model="tiny", messages=msgs, max_tokens=6, n=2, stream=True,
-                                                    extra_body=OPTS):
+                                                    extra_body=opts):
             for c in chunk.choices:
                 parts[c.index].append(c.delta.content or "")
         assert ["".join(p) for p in parts.values()] == [text] * 2
     with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, n=9, extra_body=OPTS)
+        client.chat.completions.create(model="tiny", messages=msgs, max_tokens=2, n=9, extra_body=opts)
     assert info.value.body["param"] == "n" and "at most" in info.value.body["message"]
 
     # logprobs: top_logprobs=5 against torch's log_softmax of a separate decoder run
-    want = _reference_logprobs(family.pipe, image, 4, 5)
+    want = _reference_logprobs(family.pipe, image, 4, 5, opts)
     r = client.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, logprobs=True, top_logprobs=5,
-                                       extra_body=OPTS)
+                                       extra_body=opts)
     got, content = r.choices[0].logprobs.content, r.choices[0].message.content
     # the same tokens: the reference's greedy ids decode to the answer, whose tokens' bytes join to its text
     assert family.pipe.encoder.decode([t for t, _, _ in want]) == content and len(got) == len(want)
@@ -116,7 +119,7 @@ def test_openai_api_every_family(family_case, served, demo_png):
         assert len(entry.top_logprobs) == 5
         assert np.allclose([t.logprob for t in entry.top_logprobs], top, rtol=0, atol=TOL)
     streamed = [e for chunk in client.chat.completions.create(
-        model="tiny", messages=msgs, max_tokens=4, logprobs=True, top_logprobs=5, stream=True, extra_body=OPTS)
+        model="tiny", messages=msgs, max_tokens=4, logprobs=True, top_logprobs=5, stream=True, extra_body=opts)
         for c in chunk.choices if c.logprobs for e in c.logprobs.content]
     assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in got]
 
@@ -130,10 +133,10 @@ def test_openai_api_every_family(family_case, served, demo_png):
     # /v1/responses: image + text input, streamed and not, equal the chat answer
     content = [{"type": "input_image", "image_url": data_url(demo_png)}, {"type": "input_text", "text": PROMPT}]
     resp = client.responses.create(model="tiny", input=[{"role": "user", "content": content}], max_output_tokens=6,
-                                   extra_body=OPTS)
+                                   extra_body=opts)
     assert resp.output_text == text and resp.usage.output_tokens == 6
     events = list(client.responses.create(model="tiny", input=[{"role": "user", "content": content}],
-                                          max_output_tokens=6, stream=True, extra_body=OPTS))
+                                          max_output_tokens=6, stream=True, extra_body=opts))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == text
     assert events[-1].response.output_text == text
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -91,3 +93,17 @@ def data_url(data: bytes, mime: str = "image/png") -> str:
 def user_message(url: str, text: str = PROMPT) -> list[dict]:
     return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
                                          {"type": "text", "text": text}]}]
+
+
+def thinking_switch(engine) -> bool:
+    """Whether the engine dir's chat template has Qwen3's thinking switch (it reads ``enable_thinking``; read from
+    its manifest.json, not through the server)."""
+    return "enable_thinking" in json.loads((Path(engine) / "manifest.json").read_text())["chat_template"]
+
+
+def thinking_off(engine) -> dict:
+    """Request body fields that put a generic test's answer in the content: chat_template_kwargs enable_thinking
+    false where the template has the switch (Qwen3.5 thinks by default, and random weights never close the
+    thinking: the content would stay empty), nothing elsewhere (a template that reads no such variable refuses
+    it)."""
+    return {"chat_template_kwargs": {"enable_thinking": False}} if thinking_switch(engine) else {}

@@ -20,7 +20,7 @@ import openai
 import pytest
 
 from tests.family_matrix import STANDARD_MATRIX
-from tests.serving.conftest import data_url, start_server, user_message
+from tests.serving.conftest import data_url, start_server, thinking_off, thinking_switch, user_message
 
 pytest.importorskip("llguidance", reason="constrained output needs llguidance (serve extra)")
 pytestmark = pytest.mark.slow
@@ -72,15 +72,21 @@ class Served(NamedTuple):
     messages: list
     engine: Path  # the engine dir (its tokenizer.json: token ids for logit_bias)
 
+    def body(self, budget) -> dict:
+        """extra_body of a request: the budget, and the thinking off where the template has the switch (the
+        format applies to the content, after any thinking: test_schema_applies_after_the_thinking)."""
+        return {"budget": budget, **thinking_off(self.engine)}
+
 
 @pytest.fixture(scope="module", params=STANDARD_MATRIX, ids=[e.name for e in STANDARD_MATRIX])
 def served(request, builds, demo_png) -> Served:
-    """A batched server on the family's ORT-form engine dir."""
+    """A batched server on the family's ORT-form engine dir (KV room for the longest full-budget prompt, Qwen3.5's
+    930 tokens, and MAX_TOKENS)."""
     from coverpruner.serving import ServerConfig
 
     engine = builds.export(request.param.preset, "ort")
     config = ServerConfig(str(engine), workers=1, threads=1, max_queue=64, model_name="tiny", max_batch=8,
-                          batch_context=1024)
+                          batch_context=1152)
     with start_server(config) as url:
         yield Served(openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120),
                      user_message(data_url(demo_png), "Describe the image as JSON."), engine)
@@ -136,7 +142,7 @@ def test_json_schema_validates_for_every_seed(served, budget):
     """Every seed, streamed and not: the answer ends by itself, parses, validates, and is the same both ways."""
     client, messages, _ = served
     answers = _both_ways(client, messages, max_tokens=MAX_TOKENS, response_format=FORMAT,
-                         extra_body={"budget": budget})
+                         extra_body=served.body(budget))
     for seed, (plain, streamed) in answers.items():
         for text, finish in (plain, streamed):
             assert finish == "stop", (seed, finish, text)
@@ -144,6 +150,28 @@ def test_json_schema_validates_for_every_seed(served, budget):
         assert streamed == plain, seed  # one seed gives one answer, streamed or not
     assert len({plain[0] for plain, _ in answers.values()}) > 5  # the seeds do vary it
 
+
+def test_schema_applies_after_the_thinking(served):
+    """With the thinking on (the template's default), response_format constrains the answer after the reasoning
+    closes, as vLLM's reasoning parsers do: the grammar lets the reasoning run free up to its closing marker, then
+    asks for the schema. A random model never chooses to close its thinking; logit_bias +100 on the one token
+    "</think>" (looked up in the engine dir's tokenizer) stands in for a trained model's wish to. So the content of
+    every answer is a valid scene (a grammar from the first token would mask "</think>": the JSON would stay in the
+    reasoning and the content would be empty), streamed and not alike."""
+    if not thinking_switch(served.engine):
+        pytest.skip("the chat template has no thinking switch (enable_thinking): its prompt opens no thinking")
+    client, messages, engine = served
+    bias = {str(token_id(engine, "</think>")): 100.0}
+    for seed in range(2):
+        kw = dict(model="tiny", messages=messages, max_tokens=MAX_TOKENS, response_format=FORMAT, logit_bias=bias,
+                  temperature=1.0, seed=seed, extra_body={"budget": 8})
+        r = client.chat.completions.create(**kw).choices[0]
+        assert r.finish_reason == "stop", (r.finish_reason, r.message)
+        check_scene(r.message.content)
+        assert not (r.message.model_extra or {}).get("reasoning_content")  # closed at once: the bias is +100
+        streamed = [c.delta.content or "" for chunk in client.chat.completions.create(**kw, stream=True)
+                    for c in chunk.choices]
+        assert "".join(streamed) == r.message.content
 
 def test_json_object_parses_when_complete(served):
     """Any object: nothing bounds its keys or values, so a random-weight sample may run past max_tokens ("length",
@@ -153,7 +181,7 @@ def test_json_object_parses_when_complete(served):
 
     def one(seed):
         return _ask(client, messages, seed % 2 == 1, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed,
-                    response_format={"type": "json_object"}, extra_body={"budget": 8})
+                    response_format={"type": "json_object"}, extra_body=served.body(8))
 
     with ThreadPoolExecutor(5) as pool:
         for text, finish, _ in pool.map(one, range(5)):
@@ -162,10 +190,13 @@ def test_json_object_parses_when_complete(served):
                 assert isinstance(json.loads(text), dict)
 
 
-#: logit_bias on the tokens that close a string, an array and an object (test_json_object_parses_for_every_seed):
-#: measured on the four tiny engines, +4 closes every seed's answer within 103 of the 160 tokens, +6 within 37 (the
-#: margin for another CPU's rounding), and half the answers still carry keys
-CLOSING_BIAS = 6.0
+#: logit_bias on the tokens that close a string or an array ('"', ']') and an object ('}')
+#: (test_json_object_parses_for_every_seed). '"' also opens a key, so right after '{' the object's '}' competes with
+#: it: with one push on both, a model that happens to prefer '}' there answers {} for every seed (the tiny Qwen3.5's
+#: random weights: P('}') ~ 10 x P('"'-led tokens) after '{'). Measured on the six tiny engines (20 seeds, budget 8):
+#: +6 / +6 left Qwen3.5 with 0 keyed answers of 20 (the others 11..20); +6 / +3 ends every answer within 106 of the
+#: 160 tokens (Gemma 3; the others within 71) with keys in 11..20 of 20 on each
+CLOSING_BIAS = {'"': 6.0, "]": 6.0, "}": 3.0}
 
 
 def test_json_object_parses_for_every_seed(served):
@@ -173,7 +204,7 @@ def test_json_object_parses_for_every_seed(served):
 
     A random-weight model has no preference for closing what it opened: inside a JSON string (no maxLength in "any
     object") it writes on until max_tokens, so test_json_object_parses_when_complete can only check the answers that
-    happen to end. A trained model prefers to close; OpenAI's logit_bias (+CLOSING_BIAS on the ids of '"', ']' and
+    happen to end. A trained model prefers to close; OpenAI's logit_bias (CLOSING_BIAS on the ids of '"', ']' and
     '}', looked up in the engine dir's tokenizer) stands in for that preference here. The bias only reweighs the
     tokens the grammar allows (runtime/sampling.py masks after the bias): what may follow is still llguidance's
     json_object grammar, the format clients asked for, unchanged. So every answer must end by itself
@@ -185,9 +216,9 @@ def test_json_object_parses_for_every_seed(served):
     whitespace only; a maxLength would change what "any JSON object" means to clients), and greedy decoding (a
     random model's argmax may as well repeat a string's token until max_tokens: nothing makes it end)."""
     client, messages, engine = served
-    bias = {str(token_id(engine, c)): CLOSING_BIAS for c in '"]}'}
+    bias = {str(token_id(engine, c)): b for c, b in CLOSING_BIAS.items()}
     answers = _both_ways(client, messages, max_tokens=MAX_TOKENS, response_format={"type": "json_object"},
-                         logit_bias=bias, extra_body={"budget": 8})
+                         logit_bias=bias, extra_body=served.body(8))
     objects = []
     for seed, (plain, streamed) in answers.items():
         for text, finish in (plain, streamed):
@@ -203,7 +234,7 @@ def test_named_tool(served):
     for stream in (False, True):
         text, finish, calls = _ask(client, messages, stream, max_tokens=MAX_TOKENS, tools=[TOOL],
                                    tool_choice={"type": "function", "function": {"name": "locate"}},
-                                   parallel_tool_calls=False, extra_body={"budget": 8})
+                                   parallel_tool_calls=False, extra_body=served.body(8))
         assert finish == "tool_calls" and not text and len(calls) == 1
         assert calls[0]["type"] == "function" and calls[0]["function"]["name"] == "locate"
         assert calls[0]["id"].startswith("call_")
@@ -212,7 +243,7 @@ def test_named_tool(served):
 
 def test_truncated_json_says_length(served):
     client, messages, _ = served
-    text, finish, _ = _ask(client, messages, False, max_tokens=3, response_format=FORMAT, extra_body={"budget": 8})
+    text, finish, _ = _ask(client, messages, False, max_tokens=3, response_format=FORMAT, extra_body=served.body(8))
     assert finish == "length"
     with pytest.raises(ValueError):
         json.loads(text)
@@ -226,7 +257,7 @@ def test_required_choice_over_two_tools(served):
     for stream in (False, True):
         text, finish, calls = _ask(client, messages, stream, max_tokens=MAX_TOKENS, tools=[TOOL, other],
                                    tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=3,
-                                   extra_body={"budget": 8})
+                                   extra_body=served.body(8))
         assert finish == "tool_calls" and not text and len(calls) == 1, (finish, text, calls)
         name, args = calls[0]["function"]["name"], json.loads(calls[0]["function"]["arguments"])
         if name == "locate":

@@ -55,7 +55,7 @@ def test_default_server_answers_as_one_at_a_time_with_staged_blocks_whole(gemma3
 
     staged = []  # per staged request, the block ids of each of its staging calls
     stage, stage_rows = BatchSlots.stage, BatchSlots.stage_rows
-    monkeypatch.setattr(BatchSlots, "stage", lambda self, prefix: (staged.append([]), stage(self, prefix))[1])
+    monkeypatch.setattr(BatchSlots, "stage", lambda self, *args: (staged.append([]), stage(self, *args))[1])
     monkeypatch.setattr(BatchSlots, "stage_rows",
                         lambda self, rows: (staged[-1].append(rows.extras[ATTENTION_BLOCKS]), stage_rows(self, rows)))
 

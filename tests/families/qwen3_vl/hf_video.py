@@ -5,7 +5,8 @@ PIL image processor as for Qwen2.5-VL (tests/families/qwen2_5_vl/hf_video.py: te
 2k's image patches and slot 0 of frame 2k+1's, the video processor's row and column order). The layout is HF's own:
 the chat template's video placeholder replaced by Qwen3VLProcessor.replace_video_token (the timestamped per-frame
 spans) with the frames' VideoMetadata (fps, frames_indices 0..F-1); positions from the model's get_rope_index with
-mm_token_type_ids 2 at the video tokens; features and DeepStack levels from get_video_features.
+mm_token_type_ids 2 at the video tokens; features and DeepStack levels from get_video_features (Qwen3.5, whose tower
+is Qwen3-VL's without DeepStack and whose processor is Qwen3VLProcessor, uses it as well: no levels then).
 """
 
 from __future__ import annotations
@@ -59,5 +60,6 @@ def video_native(model, ckpt, frames, prompt: str, fps: float) -> Native:
         embeds = model.model.get_input_embeddings()(ids).clone()
         embeds[0, visual] = feats
         positions, _ = model.model.get_rope_index(ids, types, video_grid_thw=inputs["video_grid_thw"])
+    levels = getattr(out, "deepstack_features", None)
     return Native(inputs, embeds, positions, visual.numpy(), np.arange(end + 1, im_end), feats,
-                  [level[0] for level in out.deepstack_features])
+                  None if levels is None else [level[0] for level in levels])

@@ -70,8 +70,8 @@ def _graph_request(family, request, size):
 
 def _hf_image(family, request, size):
     """(vision.onnx feed, HF main features [n,d], HF DeepStack levels [[n,d], ...]) for one image."""
-    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
-    from coverpruner.families.qwen3_vl.vision import vision_inputs
+    from coverpruner.families.qwen3_preprocess import Qwen3ImageSettings
+    from coverpruner.families.qwen3_vision import vision_inputs
 
     model = request.getfixturevalue("qwen3_hf")
     img, out = common.hf_image(model, family.checkpoint, Qwen3ImageSettings, size)

@@ -29,7 +29,7 @@ def pipe(qwen3_export):
 def test_pixel_bounds_equal_hf_image_processor(qwen3_checkpoint, size, lo, hi):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+    from coverpruner.families.qwen3_preprocess import Qwen3ImageSettings
     from coverpruner.families.qwen_vl import preprocess_qwen_image
     from tests.families.qwen3_vl.fixtures import sample_image
 

@@ -1,4 +1,4 @@
-"""Qwen3-VL video rules (families/qwen3_vl/video.py) == transformers' own functions, without a model: frame
+"""Qwen3-VL video rules (families/qwen3_video.py) == transformers' own functions, without a model: frame
 sampling (Qwen3VLVideoProcessor.sample_frames), the whole-clip smart resize (video_processing_qwen3_vl.smart_resize)
 and the timestamps (Qwen3VLProcessor._calculate_timestamps), over a grid of clip lengths, rates and sizes."""
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from coverpruner.families.qwen3_vl.video import (Qwen3VideoSettings, placeholder, sample_count, sample_indices,
+from coverpruner.families.qwen3_video import (Qwen3VideoSettings, placeholder, sample_count, sample_indices,
                                                  timestamps, video_smart_resize)
 
 

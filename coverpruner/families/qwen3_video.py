@@ -1,5 +1,6 @@
 """Qwen3-VL video preprocessing in numpy/PIL, torch-free: transformers' Qwen3VLVideoProcessor and the
-Qwen3VLProcessor's timestamped layout (rules re-stated from transformers 5.24, no code taken).
+Qwen3VLProcessor's timestamped layout, which Qwen3.5 checkpoints use as they are (rules re-stated from
+transformers 5.24, no code taken).
 
 * A video FILE is sampled at ``fps`` (default the checkpoint's, 2.0): n = int(total / video_fps * fps), clamped to
   [min_frames (4), max_frames (768)] and to total; the frames taken are round(linspace(0, total - 1, n)).
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from coverpruner.errors import VideoError
-from coverpruner.families.qwen3_vl.preprocess import Qwen3ImageSettings
+from coverpruner.families.qwen3_preprocess import Qwen3ImageSettings
 from coverpruner.families.qwen_vl import (QwenImage, frame_list, frame_size, normalize, patchify, pixel_limits,
                                           probe_header, read_frames, resize_rgb, sample_indices, smart_resize,
                                           video_tokens)

@@ -1,6 +1,6 @@
-"""Qwen3-VL image preprocessing: transformers' Qwen2-VL image processor (families/qwen_vl.py, shared with
-Qwen2.5-VL) as the Qwen3-VL checkpoints configure it: 16-px patches, merge 2 (one visual token per 32x32 px, so
-smart resize at 32 px), mean = std = 0.5 -> patches [N, C*T*P*P] = [N, 1536], grid_thw = (1, H/16, W/16).
+"""Qwen3-VL and Qwen3.5 image preprocessing: transformers' Qwen2-VL image processor (families/qwen_vl.py, shared
+with Qwen2.5-VL) as the Qwen3-VL and Qwen3.5 checkpoints configure it: 16-px patches, merge 2 (one visual token
+per 32x32 px, so smart resize at 32 px), mean = std = 0.5 -> patches [N, C*T*P*P] = [N, 1536], grid_thw = (1, H/16, W/16).
 """
 
 from __future__ import annotations

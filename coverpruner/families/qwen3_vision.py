@@ -1,5 +1,5 @@
-"""Host-side (numpy) data-dependent inputs of the Qwen3-VL vision graph, which HF computes per request from
-grid_thw (transformers.vision_utils); the graph takes them as tensors, so it has no data-dependent Python:
+"""Host-side (numpy) data-dependent inputs of the Qwen3-VL / Qwen3.5 vision graph (one tower), which HF computes
+per request from grid_thw (transformers.vision_utils); the graph takes them as tensors, so it has no data-dependent Python:
 
     vision_position_ids int64   [N, 2]  (row, col) of each 16-px patch, merge-block-major (the 2-D rotary)
     interp_indices      int64   [N, 4]  the four learned-position-grid cells each patch interpolates

@@ -1,4 +1,5 @@
-"""torch graph wrapper for Qwen3-VL's vision tower (export time only: imports torch at import).
+"""torch graph wrapper for the Qwen3-VL vision tower, which Qwen3.5 shares without its DeepStack mergers (export time
+only: imports torch at import).
 
 Qwen3VisionGraph runs HF's own submodules (patch embedding, learned position table, axial rotary, blocks' norms,
 qkv / proj linears and MLPs, the main merger and the DeepStack mergers) with the data-dependent parts supplied as
@@ -17,7 +18,7 @@ FULL_ATTENTION_CHUNKS = 8
 
 
 class Qwen3VisionGraph(nn.Module):
-    """Qwen3-VL vision tower + mergers.
+    """Qwen3-VL / Qwen3.5 vision tower + mergers (Qwen3.5's tower has no DeepStack mergers: levels 0).
 
     Inputs: pixel_values [N, C*T*P*P] (model dtype), vision_position_ids int64 [N, 2], interp_indices int64 [N, 4],
     interp_weights float32 [N, 4], full_segments int64 [N]. Outputs: image_features [n, d_text] and one
@@ -31,7 +32,9 @@ class Qwen3VisionGraph(nn.Module):
 
         self.visual = visual
         self.apply_rope = apply_rotary_pos_emb_vision
-        self.deepstack = {int(b): k for k, b in enumerate(visual.deepstack_visual_indexes) if k < levels}
+        # Qwen3.5's tower (Qwen3_5VisionModel) has no DeepStack indexes at all
+        self.deepstack = {int(b): k for k, b in enumerate(getattr(visual, "deepstack_visual_indexes", ()))
+                          if k < levels}
 
     def _attention(self, attn, x, cos, sin, segments):
         n = x.shape[0]
