@@ -56,3 +56,23 @@ def test_prefault_of_no_rows_and_cuda_are_no_ops():
     kv.prefault(0, 0)
     assert not kv.kv[0][0].any()
     assert kv_buffers.CudaKV.prefault(None, 0, 10) is None  # device memory is committed when allocated
+
+
+def test_state_prefault_commits_the_slot_and_changes_no_value():
+    from coverpruner.engines.state_buffers import HostStates, StateSlot
+
+    # a recurrent state [H_v, d_k, d_v]: 4 MiB per slot in float32, so the 2 MiB huge pages slot 0's writes
+    # commit reach nothing of slot 3
+    shape = (32, 128, 256)
+    states = HostStates((StateSlot(0, "recurrent", "past_state.0", "present_state.0", shape, np.dtype(np.float32)),),
+                        4)
+    kept = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    states.arrays[0][0] = kept
+    before = _rss_kib()
+    states.prefault(3)
+    grown = _rss_kib() - before
+    if not kv_buffers._populate_ok:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    assert grown >= 0.9 * states.arrays[0][3].nbytes // 1024, grown
+    np.testing.assert_array_equal(states.arrays[0][0], kept)
+    assert not states.arrays[0][1:].any()
