@@ -25,6 +25,7 @@ own stream and are waited for before ORT runs (ORT's Run synchronises its own st
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import sys
 
@@ -42,6 +43,12 @@ _MADV_POPULATE_WRITE = 23
 _populate_ok = sys.platform == "linux"
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, loaded once (populate runs once per head run of every layer's key and value buffer)."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def populate(address: int, length: int) -> None:
     """Fault the pages of [address, address + length) in now (their bytes unchanged); a no-op where the kernel
     cannot (other systems, Linux < 5.14): those pages then fault at their first write, as before."""
@@ -51,8 +58,7 @@ def populate(address: int, length: int) -> None:
     page = mmap.PAGESIZE
     start = address - address % page
     end = -(-(address + length) // page) * page
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE) != 0:
+    if _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_POPULATE_WRITE) != 0:
         _populate_ok = False
 
 
