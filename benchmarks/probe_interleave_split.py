@@ -36,8 +36,9 @@ NICE = int(os.environ.get("CP_NICE", "0"))
 LOW = []  # tids to lower
 def tids(): return set(int(t) for t in os.listdir('/proc/self/task'))
 _ms = cort.make_session
-def ms(path, provider="cpu", threads=None, optimization="all", spin=True, trt=None):
-    before = tids(); r = _ms(path, provider, threads, optimization, spin, trt); new = tids() - before
+def ms(path, provider="cpu", threads=None, optimization="all", spin=True, *a, **k):
+    if os.environ.get("CP_NOSPIN") and str(path).endswith("decoder.onnx"): spin = False  # the decode steps' pool too
+    before = tids(); r = _ms(path, provider, threads, optimization, spin, *a, **k); new = tids() - before
     if NICE and (str(path).endswith("decoder.onnx") or not spin): LOW.extend(new)
     return r
 cort.make_session = ms
@@ -90,7 +91,8 @@ if PIN == "AWs":
 
 ENG = os.environ.get("ENGINE", "/tmp/sched35/bench/llava-1.5-7b-2l-fp32")  # bench_serve.py --interleave builds it
 adm = None if sys.argv[1] == "none" else int(sys.argv[1])
-pipe = Pipeline.load(ENG, threads=2, admission_threads=adm, prefix_cache_mb=256)
+SHARE = float(os.environ.get("CP_SHARE", "0")) or None  # the product's turns (CoreShare), off by default here
+pipe = Pipeline.load(ENG, threads=2, admission_threads=adm, prefix_cache_mb=256, admission_share=SHARE)
 eng = pipe.engine(max_batch=8, capacity=1024, threaded=True)
 rng = np.random.default_rng(0)
 base = Image.fromarray(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8))
@@ -118,6 +120,8 @@ def run_round(seed, loaded):
             if ev.request_id in times: times[ev.request_id].append(t)
             elif ev.request_id == nid and first is None: first = t
         if first is not None and all(len(times[r]) - marks[r] >= 16 for r in times): break
+    if not loaded:
+        print("  idle marks", [(n, round(t - t_send, 2)) for n, t in MARK if t >= t_send - 0.01], "first", round(first - t_send, 2), flush=True)
     for r in streams: eng.cancel(r)
     while eng.pending: eng.step(0.01)
     out = []
@@ -132,7 +136,7 @@ def run_round(seed, loaded):
             print("  slow steps", [(round(a - t_send, 2), d, x) for a, d, x in SLOW if a > first - 1.0 + 0 * t_send], flush=True)
             print("  marks", marks, "first", round(first - t_send, 2), "big gaps (start, ms)", worst, flush=True)
     return first - t_send, out
-print("admission_threads", adm, "pin", PIN, "nice", NICE, "low tids", len(LOW), flush=True)
+print("admission_threads", adm, "pin", PIN, "nice", NICE, "share", SHARE, "low tids", len(LOW), flush=True)
 for t in LOW: os.setpriority(os.PRIO_PROCESS, t, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
 if PIN != "none": os.sched_setaffinity(0, {0})
 run_round(1, False)

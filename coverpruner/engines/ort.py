@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -139,7 +140,8 @@ def device_type(provider: str) -> str:
     return "cpu" if provider == "cpu" else "cuda"
 
 
-def session_options(threads: int | None = None, optimization: str = "all", spin: bool = True) -> ort.SessionOptions:
+def session_options(threads: int | None = None, optimization: str = "all", spin: bool = True,
+                    spin_stop: bool = False) -> ort.SessionOptions:
     """SessionOptions with intra-op threads (None -> ORT default) and a graph optimization level.
 
     spin=False stops idle ORT worker threads from busy-waiting after a run: right for graphs that are
@@ -163,6 +165,8 @@ def session_options(threads: int | None = None, optimization: str = "all", spin:
         so.inter_op_num_threads = 1
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif spin_stop:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     # Quiet ORT's per-node fallback warnings; real failures still raise.
     so.log_severity_level = 3
     return so
@@ -182,6 +186,19 @@ def shrink_arena_options(session, provider: str) -> ort.RunOptions | None:
     return options
 
 
+def lower_thread_priority() -> bool:
+    """Move the calling thread to the lowest CPU priority: Linux's SCHED_IDLE policy (it runs only on a core that
+    nothing else wants, and any other thread that wakes takes the core from it at once), inherited by the threads
+    it starts. False where that is not possible (not Linux)."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
+        return True
+    except OSError:
+        return False
+
+
 def make_session(
     path: str | os.PathLike,
     provider: str = "cpu",
@@ -189,16 +206,37 @@ def make_session(
     optimization: str = "all",
     spin: bool = True,
     trt_options: dict[str, str] | None = None,
+    low_priority: bool = False,
+    spin_stop: bool = False,
 ) -> ort.InferenceSession:
     """Open one ONNX graph as an InferenceSession on ``provider`` ('cpu', 'cuda', 'tensorrt').
 
     trt_options: TensorRT EP provider options (see tensorrt_ep_options), used when provider is 'tensorrt'.
+    low_priority: the session is created on a thread at the lowest priority (lower_thread_priority), so its
+    intra-op threads, started with it, run there: graphs that must leave the cores to others at once.
     """
+    if low_priority:
+        out: list = []
+
+        def create() -> None:
+            lower_thread_priority()
+            try:
+                out.append(make_session(path, provider, threads, optimization, spin, trt_options,
+                                        spin_stop=spin_stop))
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread below
+                out.append(exc)
+
+        thread = threading.Thread(target=create, name="coverpruner-session")
+        thread.start()
+        thread.join()
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
     path = Path(path)
     providers = ort_providers(provider)
     if provider == "tensorrt" and trt_options:
         providers = [(p, trt_options) if p == "TensorrtExecutionProvider" else p for p in providers]
-    options = session_options(threads, optimization, spin)
+    options = session_options(threads, optimization, spin, spin_stop)
     if not path.is_file():
         raise FileNotFoundError(f"graph file not found: {path}")
     if provider != "cpu":
@@ -230,6 +268,10 @@ class OrtSessionFactory:
     manifest: dict | None = None
     #: where the TensorRT EP keeps engines and timing cache (default: <engine dir>/ort_trt_cache)
     trt_cache_dir: Path | None = None
+    #: the sessions' intra-op threads at the lowest priority (make_session)
+    low_priority: bool = False
+    #: the spinning graphs' threads stop spinning when a run ends (session_options)
+    spin_stop: bool = False
 
     def __post_init__(self) -> None:
         ort_providers(self.provider)  # fail early with the clear message
@@ -240,4 +282,4 @@ class OrtSessionFactory:
             cache = self.trt_cache_dir or Path(path).parent / "ort_trt_cache"
             trt = tensorrt_ep_options(self.manifest, name, cache)
         return make_session(path, self.provider, self.threads, self.optimization, name in self.spinning_graphs,
-                            trt)
+                            trt, self.low_priority, self.spin_stop)

@@ -97,12 +97,14 @@ class KVSlots:
                                          np.concatenate([p[k][2] for p in parts]), lane, names)
 
     def run(self, first: int, count: int, embeds: np.ndarray, positions: list,
-            extras: dict | None = None, lane: int = 0) -> np.ndarray:
+            extras: dict | None = None, lane: int = 0, session=None) -> np.ndarray:
         """Append S tokens to slots first..first+count-1: embeds float [count, S, d], positions one int64 [R, S]
         per slot, the decoder extras {input name: float [count, S, d]} (zeros for those not given; contract v5's
         attention_blocks int64 [count, S]: the rows' blocks) -> logits float32 [count, V] of each slot's last new
         token. lane: the calling thread's rotary tables (kv_buffers.LANES: calls on other slots may run meanwhile
-        from another thread with another lane)."""
+        from another thread with another lane); session: another session of the same graph to run it in (the
+        staging thread's, BatchDecoder's stage_session)."""
+        session = session or self.session
         extras = dict(extras or {})
         blocks = extras.pop(ATTENTION_BLOCKS, None)
         slots = np.arange(first, first + count)
@@ -113,7 +115,7 @@ class KVSlots:
         if count * s > self.buffers.rows:  # one entry's prefill or one token per entry, never both
             raise ValueError(f"a call takes at most {self.buffers.rows} rows; got {count} entries x {s} tokens")
         rows = [self._rows(p) for p in positions]
-        binding = self.session.io_binding()
+        binding = session.io_binding()
         embeds = np.ascontiguousarray(embeds, self.dtype)
         binding.bind_cpu_input("inputs_embeds", embeds)
         for name, value in extra_feeds(self.extra_names, extras, embeds).items():
@@ -132,7 +134,7 @@ class KVSlots:
         if self.states is not None:
             self.states.bind(binding, first, count)
         binding.bind_output("logits")  # to host memory
-        self.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
         self.lengths[slots] = total
         # only logits comes back to the host: copy_outputs_to_cpu would also copy every bound present buffer,
         # num_layers x 2 x [count, H_kv, C, hd] per call (320 MB a step at batch 8 on LLaVA-1.5-7B widths)
@@ -334,7 +336,7 @@ class BatchDecoder:
     """
 
     def __init__(self, session, max_batch: int, capacity: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                 rotary: dict, device: str = "cpu"):
+                 rotary: dict, device: str = "cpu", stage_session=None):
         if max_batch < 1 or capacity < 1:
             raise ValueError(f"max_batch and capacity must be >= 1, got {max_batch} and {capacity}")
         self._slots = KVSlots(session, max_batch, capacity, num_layers, num_kv_heads, head_dim, rotary, device)
@@ -344,6 +346,9 @@ class BatchDecoder:
         self._staged: int | None = None  # the slot another thread prefills (the highest free one), if any
         self._reserved = 0  # slots promised to forks to come (open / join_staged ``reserve``)
         self._lock = threading.Lock()
+        #: the session of the same graph the staging thread's calls run in (None: ``session``): its own threads, so
+        #: the steps' threads never serve a staging call (runtime/admission.py, "Sharing the cores")
+        self.stage_session = stage_session
 
     @property
     def free(self) -> int:
@@ -405,7 +410,8 @@ class BatchDecoder:
         """Prompt rows into the staged slot (embeds float [S, d], positions int64 [R, S], decoder extras {name:
         [S, d]} or None), in one call on the second rotary lane, from the staging thread."""
         self._slots.run(self._staged, 1, np.asarray(embeds)[None], [positions],
-                        {k: v[None] for k, v in extras.items()} if extras else None, lane=1)
+                        {k: v[None] for k, v in extras.items()} if extras else None, lane=1,
+                        session=self.stage_session)
 
     def stage_read(self, start: int, stop: int) -> tuple[tuple, tuple]:
         """Host copies of the staged slot's rows start..stop-1 (as ``read``), from the staging thread."""

@@ -15,6 +15,17 @@ takes a prompt's rows after a cached prefix only one request per call, so a pref
 call, and a second call per step reads every weight again; a prefill on its own thread overlaps the decode steps
 instead (compute-bound beside memory-bound), and the request joins the steps for its last row.
 
+Sharing the cores in turns (``share``: Model.load's admission_share, a server's CPU provider): a decode step at
+these widths needs every core (it reads all the weights; one core of two doubles its time), and so does an
+admission that must not take twice its idle time. So while streams decode and an admission is under way, the two
+take turns instead of splitting the cores: every thread of the admission (this worker, the admission graphs'
+ONNX Runtime threads, and a staging session of the decoder graph with threads of its own) runs at the lowest
+priority (Linux's SCHED_IDLE), so a decode step runs at its full pace beside them, and after each step the engine leaves the
+cores to the admission for ``share / (1 - share)`` of that step's time (runtime/engine.py). The streams' gaps grow
+to about 1 / (1 - share) of a step, the admission's time to about 1 / share of its idle time (measured:
+docs/performance.md, "Dividing two cores"). The staging session costs a second copy of the decoder's weights in
+memory.
+
 A cancelled job (``job.cancelled`` set by Engine.cancel) is dropped before its stages start and at every stage
 boundary (between images, video chunks and prefill chunks too): ``check`` raises ``Cancelled`` there.
 ``threaded=False`` runs the stages in the caller's thread when ``collect`` asks for jobs (at most ``limit``): the
@@ -27,9 +38,14 @@ import queue
 import threading
 from collections import deque
 
+from coverpruner.engines.ort import lower_thread_priority
 from coverpruner.runtime.inputs import InputProcessor
 
 
+#: the share of the cores an admission gets while streams decode, on a server's CPU provider (coverpruner-serve
+#: --admission-share): the streams' gaps grow to ~1 / (1 - share) of a step (2.2x), the admission to ~1 / share
+#: of its idle time (1.8x); docs/performance.md, "Dividing two cores"
+DEFAULT_ADMISSION_SHARE = 0.55
 class Cancelled(Exception):
     """The request was cancelled while its inputs were prepared (never reaches a caller)."""
 
@@ -37,8 +53,10 @@ class Cancelled(Exception):
 class Admission:
     """Prepares submitted jobs (see the module docstring); capacity: the KV tokens a batch slot holds (None: any)."""
 
-    def __init__(self, inputs: InputProcessor, capacity: int | None = None, threaded: bool = False, stage=None):
+    def __init__(self, inputs: InputProcessor, capacity: int | None = None, threaded: bool = False, stage=None,
+                 low_priority: bool = False):
         self.inputs, self.capacity, self.threaded = inputs, capacity, threaded
+        self.low_priority = low_priority  # the worker thread at the lowest priority (it shares the cores in turns)
         self.stage = stage if threaded else None  # stage(job, check): the prefill beside the steps
         self._waiting: deque = deque()  # inline: jobs not started
         self._done: queue.SimpleQueue = queue.SimpleQueue()  # threaded: jobs whose stages ended
@@ -107,6 +125,8 @@ class Admission:
             job.error = exc
 
     def _work(self) -> None:
+        if self.low_priority:
+            lower_thread_priority()
         while True:
             job = self._todo.get()
             if job is None:

@@ -174,18 +174,24 @@ class Engine:
     inputs: the InputProcessor (the admission stages); cache: the model's PrefixCache; capacity: KV tokens a batch
     slot holds (checked per request at admission; None for LoopSlots); max_step_tokens: the scheduler's budget per
     step (None: unbounded; a batched engine's default DEFAULT_MAX_STEP_TOKENS); threaded: admission on a worker
-    thread of its own (a server's engine), else in ``step`` (the library's calls).
+    thread of its own (a server's engine), else in ``step`` (the library's calls); share: with threaded and a batch
+    of slots, the decode steps and the admission take turns on the cores, the admission getting this share of the
+    time while streams decode (runtime/admission.py, "Sharing the cores in turns"; None: side by side).
     """
 
     def __init__(self, model: Model, inputs: InputProcessor, cache: PrefixCache, slots, capacity: int | None = None,
-                 max_step_tokens: int | None = None, threaded: bool = False):
+                 max_step_tokens: int | None = None, threaded: bool = False, share: float | None = None):
         self.model, self.inputs, self.cache, self.slots = model, inputs, cache, slots
         self.max_batch, self.capacity = slots.max_batch, capacity
         self.scheduler = Scheduler(max_step_tokens if slots.batched else None, self.max_batch)
         #: the decoder carries state that is not KV (contract v5): the prefix cache holds whole snapshots at turn
         #: boundaries for it, no KV blocks (runtime/prefix_cache.py)
         self.states = bool(getattr(model, "decoder_states", False))
-        self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None)
+        #: the admission's share of the cores while streams decode, the two in turns (None: side by side)
+        self.share = share if share and threaded and slots.stages else None
+        self._owed = 0.0  # seconds the next step first leaves the cores to the admission
+        self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None,
+                                   low_priority=self.share is not None)
         self._jobs: dict[int, _Job] = {}  # every request not finished, by id
         self._ready: list[_Job] = []  # prepared or prefilling, in arrival order
         self._running: dict[tuple[int, int], _Answer] = {}  # (request id, answer index) -> its answer
@@ -195,7 +201,8 @@ class Engine:
 
     @classmethod
     def build(cls, model: Model, inputs: InputProcessor, cache: PrefixCache, max_batch: int = 1,
-              capacity: int | None = None, max_step_tokens: int | None = None, threaded: bool = False) -> "Engine":
+              capacity: int | None = None, max_step_tokens: int | None = None, threaded: bool = False,
+              share: float | None = None) -> "Engine":
         """max_batch 1 (and no capacity): the model's own DecoderLoop, any decoder form. Otherwise a BatchDecoder
         of ``max_batch`` slots of ``capacity`` tokens (default the model's max positions; ORT-form decoder only,
         other dirs refused in one line). Its KV cache is num_layers x 2 x [max_batch, H_kv, capacity, hd] in the
@@ -219,8 +226,9 @@ class Engine:
         capacity = int(capacity or model.max_positions)
         decoder = BatchDecoder(model.sessions["decoder"], max_batch, capacity, int(d["num_layers"]),
                                int(d["num_kv_heads"]), int(d["head_dim"]),
-                               graph_spec(model.manifest, "decoder").rotary, device_type(model.provider))
-        return cls(model, inputs, cache, BatchSlots(decoder), capacity, max_step_tokens, threaded)
+                               graph_spec(model.manifest, "decoder").rotary, device_type(model.provider),
+                               model.staging_session() if threaded and share else None)
+        return cls(model, inputs, cache, BatchSlots(decoder), capacity, max_step_tokens, threaded, share)
 
     # -- the driver's calls ---------------------------------------------------------------------
     @property
@@ -278,6 +286,9 @@ class Engine:
         """Collect the requests whose inputs are ready -> plan -> execute -> update: one event per answer that did
         something (see the module docstring). wait: seconds to wait for an admission when nothing else can run."""
         events: list[EngineEvent] = []
+        if self._owed:  # the last step's streams leave the cores to the admission's threads for a while
+            time.sleep(self._owed)
+            self._owed = 0.0
         idle = not self._running and not self._ready
         for job in self.admission.collect(self._free_slots(), wait if idle else 0.0):
             if job.rid not in self._jobs:  # cancelled meanwhile: what its admission took goes back
@@ -295,6 +306,14 @@ class Engine:
         self.last_plan = plan
         if plan.empty:
             return events
+        t_exec = time.perf_counter()
+        try:
+            return self._execute(plan, events)
+        finally:
+            if self.share and self._running and self.admission.pending:
+                self._owed = (time.perf_counter() - t_exec) * self.share / (1.0 - self.share)
+
+    def _execute(self, plan: StepPlan, events: list) -> list[EngineEvent]:
         running = [self._running[key] for key in plan.decodes]
         chunks = [(self._jobs[c.rid], c) for c in plan.prefills]
         masks, mask_of = self._start_masks(running)

@@ -108,6 +108,11 @@ class Model:
         #: load that never runs dart / cdpruner pays nothing for them
         self._peer_factory: SessionFactory | None = None
         self._failed_peers: set[str] = set()
+        #: the share of the cores a threaded engine's admission gets while streams decode (Model.load; None: the
+        #: two run side by side)
+        self.admission_share: float | None = None
+        self._staging_factory: SessionFactory | None = None  # the admission graphs' factory (admission_share)
+        self._staging = None
         d, t = manifest.dims, manifest.token_ids
         #: upper bound on the candidates of one image (n itself is per request: GenerationResult.num_visual_tokens)
         self.max_visual_tokens = manifest.max_visual_tokens
@@ -159,16 +164,25 @@ class Model:
     @classmethod
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
              session_factory: SessionFactory | None = None, verify: bool = True, selector: str = "auto",
-             admission_threads: int | None = None) -> "Model":
+             admission_threads: int | None = None, admission_share: float | None = None) -> "Model":
         """Open ``path`` (an engine dir); see Pipeline.load for the arguments. threads: intra-op threads of the
         decode graphs (embed, decoder); admission_threads: of the admission graphs (vision, probe, selectors;
-        None: ``threads``). ManifestError / ProviderError / OptionError with one-line messages on bad input."""
+        None: ``threads``); admission_share: on provider 'cpu', the share of the cores a threaded engine's admission
+        gets while streams decode (runtime/admission.py CoreShare; its graphs' threads then start at the lowest
+        priority; None or 0: side by side). ManifestError / ProviderError / OptionError with one-line messages on
+        bad input."""
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}", param="provider")
         if selector not in SELECTOR_BACKENDS:
             raise OptionError(f"unknown selector backend {selector!r}; expected one of {list(SELECTOR_BACKENDS)}",
                               param="selector")
         _check_threads("admission_threads", admission_threads)
+        if admission_share is not None and (isinstance(admission_share, bool)
+                                            or not isinstance(admission_share, (int, float))
+                                            or not 0.0 <= admission_share < 1.0):
+            raise OptionError(f"admission_share must be a number in [0, 1), got {admission_share!r}",
+                              param="admission_share")
+        share = float(admission_share or 0.0) if provider == "cpu" and session_factory is None else 0.0
         manifest = load_manifest(Path(path), verify=False)
         # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
         # while the sessions load and the first request runs; answers wait for it (see check_files)
@@ -185,8 +199,9 @@ class Model:
 
                 session_factory = TrtSessionFactory(manifest.root)
             factory = session_factory or _SplitFactory(
-                OrtSessionFactory(provider, threads, manifest=manifest.raw),
-                OrtSessionFactory(provider, admission_threads or threads, manifest=manifest.raw))
+                OrtSessionFactory(provider, threads, manifest=manifest.raw, spin_stop=bool(share)),
+                OrtSessionFactory(provider, admission_threads or threads, manifest=manifest.raw,
+                                  low_priority=bool(share)))
         except (ProviderError, RuntimeError, ValueError) as exc:  # no provider / no TensorRT / engine mismatch
             raise OptionError(str(exc).splitlines()[0]) from None
         names = REQUIRED_GRAPHS + (("selector",) if selector in ("onnx", "auto") else ())
@@ -199,11 +214,21 @@ class Model:
                     integrity.result()  # a changed file explains the failure better
                 raise ManifestError(str(exc).splitlines()[0]) from None
         model = cls(manifest, sessions, provider, selector)
+        if share:
+            model.admission_share, model._staging_factory = share, factory.admission
         if requested != "numpy":
             model._peer_factory = factory
             model.selector_fallbacks = _missing_peer_graphs(manifest)
         model._integrity = integrity
         return model
+
+    def staging_session(self):
+        """A second session of the decoder graph, on the admission's threads at their priority, for a threaded
+        engine's staging prefill (runtime/admission.py, "Sharing the cores in turns"); opened on first use, it holds
+        a second copy of the decoder's weights. None without admission_share."""
+        if self._staging is None and self._staging_factory is not None:
+            self._staging = self._staging_factory("decoder_staging", graph_spec(self.manifest, "decoder").path)
+        return self._staging
 
     def check_files(self) -> None:
         """Wait for the background file check (first request only); ManifestError if a file changed. The engine

@@ -88,7 +88,7 @@ class Pipeline:
     def load(cls, path, provider: str = "cpu", threads: int | None = None,
              session_factory: SessionFactory | None = None, verify: bool = True,
              selector: str = "auto", prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
-             admission_threads: int | None = None) -> "Pipeline":
+             admission_threads: int | None = None, admission_share: float | None = None) -> "Pipeline":
         """Open ``path`` (an engine dir). provider: 'cpu', 'cuda' or 'tensorrt'. 'tensorrt' runs the native
         engines that `coverpruner-build` recorded in the manifest when there are any (refused with a clear
         message when they were built for another TensorRT version or GPU), else ORT's TensorRT EP.
@@ -102,7 +102,10 @@ class Pipeline:
         prefill that follows; ORT runs the selector on its own non-spinning pool. Baselines stay numpy.
 
         threads: intra-op threads of the decoder and embedding (None: ORT's choice); admission_threads: of the
-        vision, probe and selector graphs, which a server runs beside the decode steps (None: ``threads``).
+        vision, probe and selector graphs, which a server runs beside the decode steps (None: ``threads``);
+        admission_share: on provider 'cpu', the share of the cores the admission of a threaded engine (a server's)
+        gets while streams decode, the two taking turns (runtime/admission.py CoreShare; the admission graphs'
+        threads then run at the lowest priority; None or 0: side by side, as the library's own calls run).
 
         prefix_cache_mb: MiB of the prefix cache (KV blocks of earlier pruned prefixes, vision outputs and
         selections, index included; runtime/prefix_cache.py); 0 turns it off.
@@ -112,8 +115,8 @@ class Pipeline:
         Raises ManifestError / ProviderError with one-line messages on bad input.
         """
         _check_cache_mb(prefix_cache_mb)
-        return cls(Model.load(path, provider, threads, session_factory, verify, selector, admission_threads),
-                   prefix_cache_mb)
+        return cls(Model.load(path, provider, threads, session_factory, verify, selector, admission_threads,
+                              admission_share), prefix_cache_mb)
 
     @property
     def prefix_cache(self) -> PrefixCache:
@@ -310,7 +313,8 @@ class Pipeline:
         (the server's workers: threaded, its admission on a worker thread beside the decode steps): max_batch 1
         runs on the model's own DecoderLoop (any decoder form), more on a BatchDecoder of ``max_batch`` slots of
         ``capacity`` KV tokens (ORT-form decoder), max_step_tokens tokens a step (runtime/scheduler.py)."""
-        return Engine.build(self.model, self.inputs, self._cache, max_batch, capacity, max_step_tokens, threaded)
+        return Engine.build(self.model, self.inputs, self._cache, max_batch, capacity, max_step_tokens, threaded,
+                            self.model.admission_share)
 
     def batch_generate(self, requests: list[dict], max_batch: int = 8, capacity: int | None = None
                        ) -> list[GenerationResult]:

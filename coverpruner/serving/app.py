@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.integers import ascii_int
 from coverpruner.runtime import Pipeline, grammar, tool_calls
+from coverpruner.runtime.admission import DEFAULT_ADMISSION_SHARE
 from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
@@ -85,6 +86,9 @@ class ServerConfig:
     threads: int | None = None  # ORT intra-op threads of each pipeline's decoder (None: cores // workers)
     #: ORT intra-op threads of each pipeline's vision, probe and selector graphs (None: threads)
     admission_threads: int | None = None
+    #: provider cpu: the share of the cores a new request's admission gets while streams decode, the two taking
+    #: turns (runtime/admission.py CoreShare); 0: side by side
+    admission_share: float = DEFAULT_ADMISSION_SHARE
     max_queue: int = 16
     model_name: str | None = None  # default: the engine dir's name
     allow_local_files: bool = False
@@ -149,7 +153,8 @@ class ServerState:
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
                                         selector=config.selector, prefix_cache_mb=config.prefix_cache_mb,
-                                        admission_threads=config.admission_threads)
+                                        admission_threads=config.admission_threads,
+                                        admission_share=config.admission_share)
                           for _ in range(config.workers)]
         for pipeline in self.pipelines:
             pipeline.max_video_pixels = config.max_video_pixels

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from coverpruner.engines.ort import PROVIDERS
 from coverpruner.integers import cli_int
+from coverpruner.runtime.admission import DEFAULT_ADMISSION_SHARE
 from coverpruner.runtime.errors import CoverPrunerError
 from coverpruner.runtime.pipeline import METHODS, parse_budget
 
@@ -88,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     eng.add_argument("--admission-threads", type=cli_int, default=None,
                      help="intra-op threads of each pipeline's vision, probe and selector graphs, which run beside "
                           "the decode steps (default: --threads)")
+    eng.add_argument("--admission-share", type=float, default=DEFAULT_ADMISSION_SHARE, metavar="S",
+                     help="provider cpu: while streams decode, a new request's admission (vision, probe, selection, "
+                          "prefill) and the decode steps take turns on the cores, the admission getting this share "
+                          "of the time at the lowest thread priority: the streams' gaps grow to ~1/(1-S), the "
+                          f"admission to ~1/S of their idle times (default {DEFAULT_ADMISSION_SHARE}; 0: side by "
+                          "side at equal priority, for a machine shared with other busy processes)")
     eng.add_argument("--max-images", type=cli_int, default=None,
                      help="most images per request (default: the engine dir's, 8); more is a 400 too_many_images")
     eng.add_argument("--prefix-cache-mb", type=float, default=256,
@@ -119,6 +126,8 @@ def check_args(args) -> None:
     for flag, value in (("--threads", args.threads), ("--admission-threads", args.admission_threads)):
         if value is not None and value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    if not 0.0 <= args.admission_share < 1.0:
+        raise UsageError(f"--admission-share must be in [0, 1), got {args.admission_share}")
     if args.max_step_tokens is not None and args.max_step_tokens < max(args.max_batch or 1, 1):
         raise UsageError(f"--max-step-tokens must be >= --max-batch ({args.max_batch or 1}), got "
                          f"{args.max_step_tokens}")
@@ -162,6 +171,7 @@ def _config(args):
                         selector=args.selector, budget=args.budget, method=args.method, max_batch=args.max_batch,
                         batch_context=args.batch_context, max_images=args.max_images,
                         prefix_cache_mb=args.prefix_cache_mb, admission_threads=args.admission_threads,
+                        admission_share=args.admission_share,
                         max_step_tokens=args.max_step_tokens,
                         **({} if args.remote_timeout is None else {"remote_timeout_s": args.remote_timeout}),
                         **({} if args.max_video_bytes is None else {"max_video_bytes": args.max_video_bytes}),

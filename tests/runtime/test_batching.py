@@ -231,3 +231,49 @@ def test_a_concurrent_conversation_finds_the_first_ones_prompt_blocks(builds, de
     assert ra.cached_tokens == 0 and rb.cached_tokens > 0 and rb.cached_tokens % BLOCK_ROWS == 0
     assert rb.token_ids == plain.chat(conversation("Which colors?"), **opts).token_ids
     assert ra.token_ids == plain.chat(conversation("What is shown?"), **opts).token_ids
+
+
+def test_turns_answer_as_batch_1_with_the_admission_at_the_lowest_priority(builds, demo_image, monkeypatch):
+    """admission_share (a server's CPU default): the admission worker runs under SCHED_IDLE and stages in a session
+    of the decoder of its own, after a step with a stream running and an admission under way the
+    engine owes the admission share / (1 - share) of that step's time, and every answer is the batch-1 one."""
+    import os
+
+    export = builds.export("tiny", "ort")
+    plain, turns = Pipeline.load(export, threads=1), Pipeline.load(export, threads=1, admission_share=0.6)
+    want = [plain.generate(demo_image, **j) for j in JOBS[:3]]
+    gate, inside, policy = threading.Event(), threading.Event(), []
+    real = turns.inputs.native_sequence
+
+    def held(request, check=None):
+        if request.conversation.messages[0]["content"][-1]["text"] == JOBS[1]["prompt"]:
+            policy.append(os.sched_getscheduler(0))  # this thread: the admission worker
+            inside.set()
+            gate.wait(30)
+        return real(request) if check is None else real(request, check)
+
+    monkeypatch.setattr(turns.inputs, "native_sequence", held)
+    engine = turns.engine(3, 512, threaded=True)
+    try:
+        decoder = engine.slots.decoder
+        assert decoder.stage_session is not None and decoder.stage_session is not turns.model.sessions["decoder"]
+        first = engine.submit(turns.request(demo_image, **JOBS[0]))
+        while not engine._running:
+            engine.step(wait=0.05)
+        second = engine.submit(turns.request(demo_image, **JOBS[1]))
+        assert inside.wait(30)
+        t = __import__("time").perf_counter()
+        engine.step()
+        took = __import__("time").perf_counter() - t
+        assert 0 < engine._owed <= took * 0.6 / 0.4 + 1e-3  # owed: 1.5x the step's execution
+        if hasattr(os, "SCHED_IDLE"):
+            assert policy == [os.SCHED_IDLE]
+        gate.set()
+        third = engine.submit(turns.request(demo_image, **JOBS[2]))
+        events = _drain(engine)
+    finally:
+        gate.set()
+        engine.close()
+    for rid, w in zip((first, second, third), want):
+        _same(events[rid].result, w)
+    assert engine._owed == 0  # nothing under way any more: the steps run back to back

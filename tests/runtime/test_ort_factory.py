@@ -46,3 +46,38 @@ def test_bad_threads_and_missing_file(tmp_path):
     (tmp_path / "bad.onnx").write_bytes(b"garbage")
     with pytest.raises(RuntimeError, match=r"cannot load graph bad\.onnx on provider 'cpu'"):
         make_session(tmp_path / "bad.onnx", "cpu")
+
+
+def _thread_policies() -> dict[int, int]:
+    """{thread id: scheduling policy} of this process's threads."""
+    import os
+
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            out[int(tid)] = os.sched_getscheduler(int(tid))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_a_low_priority_session_runs_its_threads_at_sched_idle_and_leaves_the_caller(tmp_path):
+    """make_session(low_priority=True): the session's intra-op threads (started with it) run under SCHED_IDLE, the
+    caller's thread keeps its policy; the session still answers."""
+    import os
+
+    fake_decoder.build(tmp_path / "d.onnx", layers=1)
+    mine = os.sched_getscheduler(0)
+    if mine == os.SCHED_IDLE:
+        pytest.skip("this process runs under SCHED_IDLE already: the session's threads could not differ")
+    before = set(_thread_policies())
+    sess = make_session(tmp_path / "d.onnx", "cpu", threads=3, low_priority=True)
+    new = {t: p for t, p in _thread_policies().items() if t not in before}
+    assert len(new) >= 2 and set(new.values()) == {os.SCHED_IDLE}  # its pool's two workers (the caller is the third)
+    assert os.sched_getscheduler(0) == mine
+    feeds = {"inputs_embeds": np.ones((1, 2, 8), np.float32), "attention_mask": np.ones((1, 2), np.int64),
+             "position_ids": np.zeros((1, 2), np.int64),
+             "past_key_values.0.key": np.zeros((1, 2, 0, 4), np.float32),
+             "past_key_values.0.value": np.zeros((1, 2, 0, 4), np.float32)}
+    assert sess.run(["logits"], feeds)[0].shape == (1, 1, 11)
