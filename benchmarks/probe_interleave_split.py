@@ -66,6 +66,14 @@ def timed(cls, name):
     setattr(cls, name, g)
 for c, n in ((ceng.Engine, "_prefill"), (ceng.Engine, "_start_masks"), (ceng.Engine, "_take_token"), (ceng.Engine, "_start_answers"), (ceng.Engine, "_decode_feeds"), (cofd.BatchDecoder, "join_staged"), (cofd.BatchDecoder, "step"), (cadm.Admission, "collect")):
     timed(c, n)
+SPIKE = float(os.environ.get("SPIKE", "0.19"))
+import coverpruner.runtime.slots as cslots
+for _n in ("stage_rows", "prefault_join", "stage"):
+    def _mk(_f, _n):
+        def g(*a, **k):
+            MARK.append((_n + "0", time.perf_counter())); r = _f(*a, **k); MARK.append((_n + "1", time.perf_counter())); return r
+        return g
+    setattr(cslots.BatchSlots, _n, _mk(getattr(cslots.BatchSlots, _n), _n))
 _step = ceng.Engine.step
 SLOW = []
 def step(self, wait=0.0):
@@ -133,7 +141,7 @@ def run_round(seed, loaded):
         if loaded and r == streams[0]:
             marks = [(n, round(t - t_send, 2)) for n, t in MARK if t >= t_send - 0.01]
             worst = [(round(a - t_send, 2), round(g * 1e3)) for g, (a, b) in zip(gaps, sp) if b > t_send and a < first and g > 1.8 * med]
-            print("  slow steps", [(round(a - t_send, 2), d, x) for a, d, x in SLOW if a > first - 1.0 + 0 * t_send], flush=True)
+            print("  slow steps", [(round(a - t_send, 2), d, x) for a, d, x in SLOW if a > first - 1.0 or d > SPIKE], flush=True)
             print("  marks", marks, "first", round(first - t_send, 2), "big gaps (start, ms)", worst, flush=True)
     return first - t_send, out
 print("admission_threads", adm, "pin", PIN, "nice", NICE, "share", SHARE, "low tids", len(LOW), flush=True)

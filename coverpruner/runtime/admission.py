@@ -45,7 +45,7 @@ from coverpruner.runtime.inputs import InputProcessor
 #: the share of the cores an admission gets while streams decode, on a server's CPU provider (coverpruner-serve
 #: --admission-share): the streams' gaps grow to ~1 / (1 - share) of a step (2.2x), the admission to ~1 / share
 #: of its idle time (1.8x); docs/performance.md, "Dividing two cores"
-DEFAULT_ADMISSION_SHARE = 0.55
+DEFAULT_ADMISSION_SHARE = 0.5
 class Cancelled(Exception):
     """The request was cancelled while its inputs were prepared (never reaches a caller)."""
 

@@ -190,6 +190,7 @@ class Engine:
         #: the admission's share of the cores while streams decode, the two in turns (None: side by side)
         self.share = share if share and threaded and slots.stages else None
         self._owed = 0.0  # seconds the next step first leaves the cores to the admission
+        self._pace: float | None = None  # seconds of a step with no admission under way (running mean)
         self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None,
                                    low_priority=self.share is not None)
         self._jobs: dict[int, _Job] = {}  # every request not finished, by id
@@ -310,8 +311,18 @@ class Engine:
         try:
             return self._execute(plan, events)
         finally:
-            if self.share and self._running and self.admission.pending:
-                self._owed = (time.perf_counter() - t_exec) * self.share / (1.0 - self.share)
+            if self.share:
+                self._pace_step(time.perf_counter() - t_exec)
+
+    def _pace_step(self, took: float) -> None:
+        """Turns on the cores (``share``): after a step with streams running and an admission under way, the next
+        step first leaves the cores to the admission for share / (1 - share) of a step at the streams' own pace (a
+        running mean of the steps with no admission under way: the steps beside one run somewhat slower, and the
+        streams' gaps are measured against their own pace)."""
+        if not self.admission.pending:
+            self._pace = took if self._pace is None else 0.8 * self._pace + 0.2 * took
+        elif self._running:
+            self._owed = (self._pace or took) * self.share / (1.0 - self.share)
 
     def _execute(self, plan: StepPlan, events: list) -> list[EngineEvent]:
         running = [self._running[key] for key in plan.decodes]
