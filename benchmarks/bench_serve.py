@@ -262,7 +262,8 @@ def main(argv=None) -> int:
                                  "of a new picture at budget full is admitted (benchmarks/serve_interleave.py)")
     inter.add_argument("--interleave", action="store_true", help="run only this measurement")
     inter.add_argument("--interleave-rounds", type=int, default=2, help="loaded / idle rounds, alternating")
-    inter.add_argument("--server-args", default="", help="extra coverpruner-serve flags (e.g. '--max-step-tokens 16')")
+    inter.add_argument("--server-args", default="", help="extra coverpruner-serve flags (e.g. '--max-step-tokens 16'; "
+                                                        "--interleave and --loop)")
     args = p.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.interleave:
@@ -368,13 +369,13 @@ def main_loop(args, argv) -> int:
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "engine": str(engine),
             "new_tokens": args.new_tokens, "rounds": args.rounds, "budget": serve_loop.BUDGET,
             "setup": f"coverpruner-serve {' '.join(BATCHED)} --threads {args.threads} --request-timeout 0 "
-                     "[--prefix-cache-mb 256 | 0]",
+                     f"[--prefix-cache-mb 256 | 0] {args.server_args}".strip(),
             "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "onnxruntime": onnxruntime.__version__},
             "ttft": {}}
     for name, mb in (("cache_on", "256"), ("cache_off", "0")):
         # no request deadline: on a busy shared machine 8 x 128 tokens can outlast the default 300 s
         server = Server(engine, "batched", logs / f"loop_{name}.log", threads=args.threads,
-                        extra=("--prefix-cache-mb", mb, "--request-timeout", "0"))
+                        extra=("--prefix-cache-mb", mb, "--request-timeout", "0", *args.server_args.split()))
         try:
             client = make_client(server.url)
             serve_loop._throughput_level(client, image_url, 1, 4)  # warm-up
@@ -462,7 +463,7 @@ def main_fork(args, argv) -> int:
     for label, mb in (("prefix cache off", "0"), ("prefix cache on", "256")):
         # no deadline: on a loaded 2-core machine four separate 7B-width admissions outlast the default 300 s
         server = Server(engine, "batched", logs / f"fork_{mb}.log", threads=args.threads,
-                        extra=("--prefix-cache-mb", mb, "--request-timeout", "0"))
+                        extra=("--prefix-cache-mb", mb, "--request-timeout", "0", *args.server_args.split()))
         try:
             data["servers"][label] = serve_fork.measure(make_client(server.url), image_url, args.fork, args.rounds,
                                                         args.new_tokens, label)

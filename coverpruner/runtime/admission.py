@@ -23,7 +23,7 @@ ONNX Runtime threads, and a staging session of the decoder graph with threads of
 priority (Linux's SCHED_IDLE), so a decode step runs at its full pace beside them, and after each step the engine leaves the
 cores to the admission for ``share / (1 - share)`` of that step's time (runtime/engine.py). The streams' gaps grow
 to about 1 / (1 - share) of a step, the admission's time to about 1 / share of its idle time (measured:
-docs/performance.md, "Dividing two cores"). The staging session costs a second copy of the decoder's weights in
+docs/performance.md, "Taking turns on the cores"). The staging session costs a second copy of the decoder's weights in
 memory.
 
 A cancelled job (``job.cancelled`` set by Engine.cancel) is dropped before its stages start and at every stage
@@ -43,8 +43,8 @@ from coverpruner.runtime.inputs import InputProcessor
 
 
 #: the share of the cores an admission gets while streams decode, on a server's CPU provider (coverpruner-serve
-#: --admission-share): the streams' gaps grow to ~1 / (1 - share) of a step (2.2x), the admission to ~1 / share
-#: of its idle time (1.8x); docs/performance.md, "Dividing two cores"
+#: --admission-share): the streams' gaps grow to ~1 / (1 - share) of a step, the admission to ~1 / share of its
+#: idle time (measured 2.2-3.0x and 1.7-1.8x: docs/performance.md, "Taking turns on the cores")
 DEFAULT_ADMISSION_SHARE = 0.5
 class Cancelled(Exception):
     """The request was cancelled while its inputs were prepared (never reaches a caller)."""
