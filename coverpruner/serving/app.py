@@ -31,7 +31,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coverpruner.integers import ascii_int
 from coverpruner.runtime import Pipeline, grammar, tool_calls
-from coverpruner.runtime.admission import DEFAULT_ADMISSION_SHARE
 from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
 from coverpruner.runtime.errors import CoverPrunerError, OptionError
 from coverpruner.serving.choices import Delta as ChoiceDelta
@@ -87,8 +86,10 @@ class ServerConfig:
     #: ORT intra-op threads of each pipeline's vision, probe and selector graphs (None: threads)
     admission_threads: int | None = None
     #: provider cpu: the share of the cores a new request's admission gets while streams decode, the two taking
-    #: turns (runtime/admission.py CoreShare); 0: side by side
-    admission_share: float = DEFAULT_ADMISSION_SHARE
+    #: turns (runtime/admission.py; coverpruner-serve's default is DEFAULT_ADMISSION_SHARE); 0: side by side, the
+    #: default of an app embedded in a process that may run other busy threads (the turns run the admission's
+    #: threads at SCHED_IDLE, which wait for every other busy thread)
+    admission_share: float = 0.0
     max_queue: int = 16
     model_name: str | None = None  # default: the engine dir's name
     allow_local_files: bool = False

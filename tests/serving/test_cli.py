@@ -31,6 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
     (["{engine}", "--replicas", "2"], "--replicas and --ray-address need --ray"),
     (["{engine}", "--provider", "tpu"], "unknown provider 'tpu'"),
     (["{engine}", "--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["{engine}", "--admission-share", "1"], "--admission-share must be in [0, 1), got 1.0"),
+    (["{engine}", "--admission-share", "nan"], "--admission-share must be in [0, 1), got nan"),
     (["{engine}", "--budget", "0"], "budget must be a positive integer or 'full', got '0'"),
     (["{engine}", "--method", "magic"], "unknown method 'magic'"),
     (["{engine}", "--workers", "two"], "invalid integer value: 'two'"),
