@@ -43,6 +43,7 @@ worker is the only other thread that touches the request.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -71,6 +72,11 @@ from coverpruner.runtime.text import StreamDecoder
 #: tokens one step of a batched engine runs when not told (decodes + prefill chunk rows): a step near one decode
 #: step's time (measured: benchmarks/bench_serve.py --interleave, docs/performance.md)
 DEFAULT_MAX_STEP_TOKENS = 32
+#: a threaded engine's full garbage collections (a server turns the automatic ones off: serving/memory.py
+#: leave_full_collections_to_the_engines): at most one per FULL_GC_EVERY_S inside a pause left to an admission, and
+#: at a step's start once FULL_GC_LATEST_S have passed without one
+FULL_GC_EVERY_S = 5.0
+FULL_GC_LATEST_S = 60.0
 #: rows of one prefill call on the admission worker's thread (staging): each call reads every weight once, so
 #: large; between calls a cancel is seen
 STAGE_ROWS = 256
@@ -191,6 +197,7 @@ class Engine:
         self.share = share if share and threaded and slots.stages else None
         self._owed = 0.0  # seconds the next step first leaves the cores to the admission
         self._pace: float | None = None  # seconds of a step with no admission under way (running mean)
+        self._last_gc = time.perf_counter()  # the last full garbage pass (threaded engines run them: _collect)
         self.admission = Admission(inputs, capacity, threaded, self._stage if slots.stages else None,
                                    low_priority=self.share is not None)
         self._jobs: dict[int, _Job] = {}  # every request not finished, by id
@@ -288,8 +295,12 @@ class Engine:
         something (see the module docstring). wait: seconds to wait for an admission when nothing else can run."""
         events: list[EngineEvent] = []
         if self._owed:  # the last step's streams leave the cores to the admission's threads for a while
-            time.sleep(self._owed)
+            t = time.perf_counter()
+            self._collect(FULL_GC_EVERY_S)  # a full garbage pass here takes the admission's time, not the streams'
+            time.sleep(max(0.0, self._owed - (time.perf_counter() - t)))
             self._owed = 0.0
+        elif self.admission.threaded:
+            self._collect(FULL_GC_LATEST_S)
         idle = not self._running and not self._ready
         for job in self.admission.collect(self._free_slots(), wait if idle else 0.0):
             if job.rid not in self._jobs:  # cancelled meanwhile: what its admission took goes back
@@ -314,15 +325,24 @@ class Engine:
             if self.share:
                 self._pace_step(time.perf_counter() - t_exec)
 
+    def _collect(self, every: float) -> None:
+        """A full garbage pass on this thread if ``every`` seconds have passed since the last."""
+        now = time.perf_counter()
+        if now - self._last_gc >= every:
+            gc.collect()
+            self._last_gc = time.perf_counter()
+
     def _pace_step(self, took: float) -> None:
         """Turns on the cores (``share``): after a step with streams running and an admission under way, the next
-        step first leaves the cores to the admission for share / (1 - share) of a step at the streams' own pace (a
-        running mean of the steps with no admission under way: the steps beside one run somewhat slower, and the
-        streams' gaps are measured against their own pace)."""
+        step first leaves the cores to the admission for what remains of 1 / (1 - share) steps at the streams' own
+        pace (a running mean of the steps with no admission under way) after this step's own time: the streams'
+        gap stays at that multiple of their pace when a step beside an admission runs slower (this machine's
+        memory bandwidth varies; the admission then gets less), and the admission gets share of the time when it
+        does not."""
         if not self.admission.pending:
             self._pace = took if self._pace is None else 0.8 * self._pace + 0.2 * took
         elif self._running:
-            self._owed = (self._pace or took) * self.share / (1.0 - self.share)
+            self._owed = max(0.0, (self._pace or took) / (1.0 - self.share) - took)
 
     def _execute(self, plan: StepPlan, events: list) -> list[EngineEvent]:
         running = [self._running[key] for key in plan.decodes]

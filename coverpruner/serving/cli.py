@@ -213,11 +213,12 @@ def run(args) -> int:
     import uvicorn
 
     from coverpruner.serving.app import create_app
-    from coverpruner.serving.memory import freeze_startup_heap
+    from coverpruner.serving.memory import freeze_startup_heap, leave_full_collections_to_the_engines
 
     sock = _listen(args.host, args.port)  # before the pipelines load: a busy port fails at once
     app = create_app(config)
     freeze_startup_heap()  # the garbage collector's full passes then skip what the server keeps for its life
+    leave_full_collections_to_the_engines()  # and run where no stream waits for them
     print(f"{PROG}: serving {config.served_name!r} on http://{args.host}:{args.port}/v1 "
           f"({args.workers} worker(s) x batch {app.state.server.max_batch}, queue {args.max_queue})", file=sys.stderr,
           flush=True)

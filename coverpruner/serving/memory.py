@@ -60,3 +60,19 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+#: the threshold that keeps the garbage collector from ever starting a full pass by itself (CPython counts
+#: second-generation passes against it)
+_NO_AUTOMATIC_FULL_PASS = 2**30
+
+
+def leave_full_collections_to_the_engines() -> None:
+    """Turn off the garbage collector's automatic full passes (the young generations stay automatic: they take
+    well under a millisecond): a full pass holds the GIL for 20-120 ms in whichever thread allocates, the event loop's
+    or an admission's, and every stream waits that long for its next token (measured: a 119 ms pass on the event
+    loop during an admission, docs/performance.md "Taking turns on the cores"). The engines run the full passes
+    instead, where nobody waits (runtime/engine.py ``Engine._collect``: inside a pause left to an admission, or at
+    the latest FULL_GC_LATEST_S after the last). For a server process's entry point, after freeze_startup_heap."""
+    first, second, _ = gc.get_threshold()
+    gc.set_threshold(first, second, _NO_AUTOMATIC_FULL_PASS)

@@ -37,10 +37,11 @@ def deployment(config: ServerConfig, replicas: int, num_cpus: float = 1.0):
             self.cfg = cfg
 
         def __serve_build_asgi_app__(self):
-            from coverpruner.serving.memory import freeze_startup_heap
+            from coverpruner.serving.memory import freeze_startup_heap, leave_full_collections_to_the_engines
 
             app = create_app(self.cfg)
             freeze_startup_heap()  # as coverpruner-serve's process: full collections skip the replica's own heap
+            leave_full_collections_to_the_engines()
             return app
 
     return CoverPrunerReplica.bind(config)

@@ -37,3 +37,28 @@ def test_both_server_entry_points_call_it_after_building_the_app():
     for module in (cli, ray_app):  # the call sits after create_app in both entry points
         source = inspect.getsource(module)
         assert source.index("freeze_startup_heap()") > source.index("create_app(")
+        assert source.index("leave_full_collections_to_the_engines()") > source.index("freeze_startup_heap()")
+
+
+AUTOMATIC = """
+import gc, json
+from coverpruner.serving.memory import leave_full_collections_to_the_engines
+passes = []
+gc.callbacks.append(lambda phase, info: passes.append(info["generation"]) if phase == "start" else None)
+def churn():
+    for _ in range(40):
+        keep = [[i] for i in range(20_000)]  # survivors: the young generations' passes promote them
+    return keep
+churn(); before = passes.count(2); passes.clear()
+leave_full_collections_to_the_engines()
+churn()
+print(json.dumps({"before": before, "full": passes.count(2), "young": len(passes)}))
+"""
+
+
+def test_the_server_leaves_full_passes_to_its_engines_and_keeps_the_young_ones():
+    """After leave_full_collections_to_the_engines the collector starts no full pass by itself (the same churn
+    started some before), while the young generations' passes go on."""
+    out = json.loads(subprocess.run([sys.executable, "-c", AUTOMATIC], capture_output=True, text=True, check=True,
+                                    timeout=120).stdout)
+    assert out["before"] > 0 and out["full"] == 0 and out["young"] > 0, out
