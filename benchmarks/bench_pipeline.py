@@ -318,9 +318,10 @@ def genai_peer(ckpt: Path, engine: Path, workdir: Path, rows: dict, n: int, chec
     paths = {"ours": engine / "decoder.onnx",
              "genai": genai_model(ckpt, workdir / f"{ckpt.name}-genai-fp32", "fp32")}
     out = {e: [] for e in paths}
-    # Two halves with the sessions created in opposite orders: of two sessions of the SAME graph in one process the
-    # one created second decoded ~2% faster (round-robin, this 2-core VM: where each session's weights land in
-    # memory), so one fixed creation order would favour one engine. Round 0 of each half warms both up, dropped.
+    # Two halves with the sessions created in opposite orders: in an A/A run of two sessions of the SAME graph in one
+    # process (round-robin, this 2-core VM) the one created second had a ~2% lower median decode (where each
+    # session's weights land in memory), a bias one fixed creation order would hand one engine. Round 0 of each half
+    # warms both up and is dropped.
     for half, order in enumerate((("ours", "genai"), ("genai", "ours"))):
         runners = {e: Runner(e, paths[e], cfg, cap, threads) for e in order}
         for r in range(1 + ((rounds + 1) // 2 if half == 0 else rounds // 2)):
