@@ -8,6 +8,14 @@ per decode step per node kind (digits in node names folded, so "layers.#.gate_pr
 
     python benchmarks/profile_decoder_ops.py --workdir /tmp/bench_decoder --precision int4
 Writes benchmarks/results/profile_decoder_ops_<precision>_cpu.json.
+
+--checkpoint / --ours / --genai profile given graphs instead (any family bench_decoder.Runner drives, e.g. the
+Qwen3.5 graphs bench_pipeline.py --preset qwen3.5-4b --genai builds under its workdir), with --grid the prompt's
+square image grid between the default text rows (Qwen3.5 at 1024x1024: 32, 1,048 tokens):
+
+    python benchmarks/profile_decoder_ops.py --precision fp32 --grid 32 --checkpoint W/qwen3.5-4b-4l \
+        --ours W/qwen3.5-4b-4l-fp32/decoder.onnx --genai W/qwen3.5-4b-4l-genai-fp32/model.onnx
+Writes benchmarks/results/profile_decoder_ops_<checkpoint dir name>_<precision>_cpu.json.
 """
 
 from __future__ import annotations
@@ -59,13 +67,25 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("fp32", "int4"), default="int4")
     p.add_argument("--repeats", type=int, default=3, help="alternations of the two engines (default 3)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--checkpoint", type=Path, help="with --ours and --genai: profile these graphs of this checkpoint")
+    p.add_argument("--ours", type=Path, help="our ORT-form decoder.onnx (with --checkpoint)")
+    p.add_argument("--genai", type=Path, help="onnxruntime-genai's model.onnx (with --checkpoint)")
+    p.add_argument("--grid", type=int, default=None, help="side of the prompt's square image grid (default 36)")
     args = p.parse_args(argv)
     import bench_decoder as bench
 
-    paths = bench.prepare(args.workdir, ["ours", "genai"])
+    given = (args.checkpoint, args.ours, args.genai)
+    if any(given) and not all(given):
+        raise SystemExit("--checkpoint, --ours and --genai go together")
+    if all(given):
+        paths = {"checkpoint": args.checkpoint, f"ours-{args.precision}": args.ours,
+                 f"genai-{args.precision}": args.genai}
+    else:
+        paths = bench.prepare(args.workdir, ["ours", "genai"])
     cfg = bench.text_config(paths["checkpoint"])
     embed = bench.Embedder(paths["checkpoint"])
-    positions = bench.native_positions()
+    positions = (bench.native_positions() if args.grid is None
+                 else bench.native_positions(bench.PROMPT[0], args.grid, bench.PROMPT[2]))
     prompt = embed(np.random.default_rng(0).integers(0, 1000, positions.shape[1]))
     capacity = positions.shape[1] + bench.NEW_TOKENS
     runs = {"ours": [], "genai": []}
@@ -88,7 +108,8 @@ def main(argv=None) -> int:
               "summary": summary, "runs": runs,
               "decode_ratio_ours_over_genai": summary["ours"]["decode_ms_per_token"] / summary["genai"]["decode_ms_per_token"],
               "load_average": list(os.getloadavg()), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out = ROOT / "benchmarks" / "results" / f"profile_decoder_ops_{args.precision}_cpu.json"
+    tag = f"{args.checkpoint.name}_" if args.checkpoint else ""
+    out = ROOT / "benchmarks" / "results" / f"profile_decoder_ops_{tag}{args.precision}_cpu.json"
     tmp_out = out.with_suffix(".json.tmp")
     tmp_out.write_text(json.dumps(result, indent=1))
     tmp_out.replace(out)
