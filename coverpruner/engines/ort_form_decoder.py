@@ -347,7 +347,7 @@ class BatchDecoder:
         self._reserved = 0  # slots promised to forks to come (open / join_staged ``reserve``)
         self._lock = threading.Lock()
         #: the session of the same graph the staging thread's calls run in (None: ``session``): its own threads, so
-        #: the steps' threads never serve a staging call (runtime/admission.py, "Sharing the cores")
+        #: the steps' threads never serve a staging call (runtime/admission.py, "Sharing the cores in turns")
         self.stage_session = stage_session
 
     @property

@@ -20,11 +20,11 @@ these widths needs every core (it reads all the weights; one core of two doubles
 admission that must not take twice its idle time. So while streams decode and an admission is under way, the two
 take turns instead of splitting the cores: every thread of the admission (this worker, the admission graphs'
 ONNX Runtime threads, and a staging session of the decoder graph with threads of its own) runs at the lowest
-priority (Linux's SCHED_IDLE), so a decode step runs at its full pace beside them, and after each step the engine leaves the
-cores to the admission for ``share / (1 - share)`` of that step's time (runtime/engine.py). The streams' gaps grow
-to about 1 / (1 - share) of a step, the admission's time to about 1 / share of its idle time (measured:
-docs/performance.md, "Taking turns on the cores"). The staging session costs a second copy of the decoder's weights in
-memory.
+priority (Linux's SCHED_IDLE), so a decode step runs at its full pace beside them, and after each step the engine
+sleeps for what remains of 1 / (1 - share) steps at the streams' own pace (runtime/engine.py ``_pace_step``),
+leaving the cores to the admission. The streams' gaps grow to about 1 / (1 - share) of their pace, the admission's
+time to about 1 / share of its idle time (measured: docs/performance.md, "Taking turns on the cores"). The
+staging session costs a second copy of the decoder's weights in memory.
 
 A cancelled job (``job.cancelled`` set by Engine.cancel) is dropped before its stages start and at every stage
 boundary (between images, video chunks and prefill chunks too): ``check`` raises ``Cancelled`` there.
@@ -44,8 +44,10 @@ from coverpruner.runtime.inputs import InputProcessor
 
 #: the share of the cores an admission gets while streams decode, on a server's CPU provider (coverpruner-serve
 #: --admission-share): the streams' gaps grow to ~1 / (1 - share) of a step, the admission to ~1 / share of its
-#: idle time (measured 2.2-3.0x and 1.7-1.8x: docs/performance.md, "Taking turns on the cores")
+#: idle time (measured 2.35-2.54x and 1.80-1.83x: docs/performance.md, "Taking turns on the cores")
 DEFAULT_ADMISSION_SHARE = 0.5
+
+
 class Cancelled(Exception):
     """The request was cancelled while its inputs were prepared (never reaches a caller)."""
 

@@ -168,9 +168,9 @@ class Model:
         """Open ``path`` (an engine dir); see Pipeline.load for the arguments. threads: intra-op threads of the
         decode graphs (embed, decoder); admission_threads: of the admission graphs (vision, probe, selectors;
         None: ``threads``); admission_share: on provider 'cpu', the share of the cores a threaded engine's admission
-        gets while streams decode (runtime/admission.py CoreShare; its graphs' threads then start at the lowest
-        priority; None or 0: side by side). ManifestError / ProviderError / OptionError with one-line messages on
-        bad input."""
+        gets while streams decode (runtime/admission.py, "Sharing the cores in turns"; its graphs' threads then
+        start at the lowest priority; None or 0: side by side). ManifestError / ProviderError / OptionError with
+        one-line messages on bad input."""
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}", param="provider")
         if selector not in SELECTOR_BACKENDS:
