@@ -104,8 +104,9 @@ class Pipeline:
         threads: intra-op threads of the decoder and embedding (None: ORT's choice); admission_threads: of the
         vision, probe and selector graphs, which a server runs beside the decode steps (None: ``threads``);
         admission_share: on provider 'cpu', the share of the cores the admission of a threaded engine (a server's)
-        gets while streams decode, the two taking turns (runtime/admission.py, "Sharing the cores in turns"; the admission graphs'
-        threads then run at the lowest priority; None or 0: side by side, as the library's own calls run).
+        gets while streams decode, the two taking turns (runtime/admission.py, "Sharing the cores in turns"; the
+        admission graphs' threads then run at the lowest priority; None or 0: side by side, as the library's own
+        calls run).
 
         prefix_cache_mb: MiB of the prefix cache (KV blocks of earlier pruned prefixes, vision outputs and
         selections, index included; runtime/prefix_cache.py); 0 turns it off.
