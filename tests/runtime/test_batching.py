@@ -170,20 +170,29 @@ def test_a_request_that_fails_in_its_own_processing_fails_alone(ort_pipe, demo_i
         _same(events[rid].result, want)
 
 
-def test_admission_runs_beside_decoding_and_a_cancel_reaches_it(ort_pipe, demo_image, batch_1, monkeypatch):
-    """A threaded engine: while a newcomer's input stages are held inside its native sequence stage, the running
-    request keeps getting a token every step; cancelled there, the newcomer never produces an event and the
-    running answer is the batch-1 one; a later request is admitted and answered as usual."""
+def _hold(pipe, prompt: str, monkeypatch, inside_call=None):
+    """The request whose last text part is ``prompt`` waits inside its native sequence stage (the admission
+    worker's thread) until the returned gate is set; ``inside`` is set once it is there (after ``inside_call()``)."""
     gate, inside = threading.Event(), threading.Event()
-    real = ort_pipe.inputs.native_sequence
+    real = pipe.inputs.native_sequence
 
     def held(request, check=None):
-        if request.conversation.messages[0]["content"][-1]["text"] == "Hold me.":
+        if request.conversation.messages[0]["content"][-1]["text"] == prompt:
+            if inside_call is not None:
+                inside_call()
             inside.set()
             gate.wait(30)
         return real(request) if check is None else real(request, check)
 
-    monkeypatch.setattr(ort_pipe.inputs, "native_sequence", held)
+    monkeypatch.setattr(pipe.inputs, "native_sequence", held)
+    return gate, inside
+
+
+def test_admission_runs_beside_decoding_and_a_cancel_reaches_it(ort_pipe, demo_image, batch_1, monkeypatch):
+    """A threaded engine: while a newcomer's input stages are held inside its native sequence stage, the running
+    request keeps getting a token every step; cancelled there, the newcomer never produces an event and the
+    running answer is the batch-1 one; a later request is admitted and answered as usual."""
+    gate, inside = _hold(ort_pipe, "Hold me.", monkeypatch)
     engine = ort_pipe.engine(2, 512, threaded=True)
     try:
         first = engine.submit(ort_pipe.request(demo_image, **JOBS[0]))
@@ -243,17 +252,8 @@ def test_turns_answer_as_batch_1_with_the_admission_at_the_lowest_priority(build
     export = builds.export("tiny", "ort")
     plain, turns = Pipeline.load(export, threads=1), Pipeline.load(export, threads=1, admission_share=0.6)
     want = [plain.generate(demo_image, **j) for j in JOBS[:3]]
-    gate, inside, policy = threading.Event(), threading.Event(), []
-    real = turns.inputs.native_sequence
-
-    def held(request, check=None):
-        if request.conversation.messages[0]["content"][-1]["text"] == JOBS[1]["prompt"]:
-            policy.append(os.sched_getscheduler(0))  # this thread: the admission worker
-            inside.set()
-            gate.wait(30)
-        return real(request) if check is None else real(request, check)
-
-    monkeypatch.setattr(turns.inputs, "native_sequence", held)
+    policy = []  # the admission worker's scheduling policy, read on its thread
+    gate, inside = _hold(turns, JOBS[1]["prompt"], monkeypatch, lambda: policy.append(os.sched_getscheduler(0)))
     engine = turns.engine(3, 512, threaded=True)
     try:
         decoder = engine.slots.decoder
