@@ -79,6 +79,32 @@ class _SplitFactory:
         return (self.decode if graph in DECODE_GRAPHS else self.admission)(graph, path)
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel can hand out without swapping (Linux's MemAvailable); None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def staging_memory_problem(manifest: Manifest) -> str | None:
+    """One line when taking turns (admission_share) would not fit in memory: it opens a second session of the
+    decoder graph (a second copy of its weights) beside the first, so the machine needs room for both copies
+    (2.2x the decoder's files, before anything is loaded); None when it fits or the OS does not say."""
+    spec = graph_spec(manifest, "decoder")
+    need = sum(p.stat().st_size for p in (spec.path, *spec.data_files) if p.is_file())
+    have = available_memory()
+    if have is None or have >= 2.2 * need:
+        return None
+    return (f"{manifest.root}: admission_share needs a second copy of the decoder's weights ({need / 2**30:.1f} GiB, "
+            f"room for both: {2.2 * need / 2**30:.1f} GiB) and {have / 2**30:.1f} GiB is available: admissions run "
+            "side by side with the decode steps (admission_share 0)")
+
+
 def _check_threads(name: str, value) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise OptionError(f"{name} must be a positive integer or None, got {value!r}", param=name)
@@ -169,7 +195,8 @@ class Model:
         decode graphs (embed, decoder); admission_threads: of the admission graphs (vision, probe, selectors;
         None: ``threads``); admission_share: on provider 'cpu', the share of the cores a threaded engine's admission
         gets while streams decode (runtime/admission.py, "Sharing the cores in turns"; its graphs' threads then
-        start at the lowest priority; None or 0: side by side). ManifestError / ProviderError / OptionError with
+        start at the lowest priority; None or 0: side by side; turned off with a RuntimeWarning when the machine
+        lacks the memory for a second copy of the decoder's weights: staging_memory_problem). ManifestError / ProviderError / OptionError with
         one-line messages on bad input."""
         if provider not in PROVIDERS:
             raise OptionError(f"unknown provider {provider!r}; expected one of {list(PROVIDERS)}", param="provider")
@@ -184,6 +211,9 @@ class Model:
                               param="admission_share")
         share = float(admission_share or 0.0) if provider == "cpu" and session_factory is None else 0.0
         manifest = load_manifest(Path(path), verify=False)
+        if share and (why := staging_memory_problem(manifest)) is not None:
+            warnings.warn(why, RuntimeWarning, stacklevel=3)
+            share = 0.0
         # files unchanged since their last sha256 check are re-hashed (xxh3, full contents) in the background
         # while the sessions load and the first request runs; answers wait for it (see check_files)
         integrity = verify_files(manifest, background=True) if verify else None

@@ -288,3 +288,21 @@ def test_turns_answer_as_batch_1_with_the_admission_at_the_lowest_priority(build
     for rid, w in zip((first, second, third), want):
         _same(events[rid].result, w)
     assert engine._owed == 0  # nothing under way any more: the steps run back to back
+
+
+def test_turns_that_would_not_fit_in_memory_fall_back_to_side_by_side_in_one_warning(builds, monkeypatch):
+    """admission_share opens a second copy of the decoder; with less memory available than both copies need, the
+    load says so in one RuntimeWarning line and runs side by side (no share, no staging session); with room, the
+    share stays."""
+    import coverpruner.runtime.model as model_module
+
+    export = builds.export("tiny", "ort")
+    decoder = sum(f.stat().st_size for f in export.iterdir() if f.name.startswith("decoder.onnx"))
+    monkeypatch.setattr(model_module, "available_memory", lambda: 2 * decoder)  # < 2.2x
+    with pytest.warns(RuntimeWarning, match=r"admission_share needs a second copy of the decoder's weights .* "
+                                            r"admissions run side by side") as caught:
+        short = Pipeline.load(export, threads=1, admission_share=0.5)
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert short.model.admission_share is None and short.model.staging_session() is None
+    monkeypatch.setattr(model_module, "available_memory", lambda: 3 * decoder)
+    assert Pipeline.load(export, threads=1, admission_share=0.5).model.admission_share == 0.5
