@@ -29,6 +29,7 @@ from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from coverpruner.engine_dir import Manifest, load_manifest
 from coverpruner.integers import ascii_int
 from coverpruner.runtime import Pipeline, grammar, tool_calls
 from coverpruner.runtime.options import MAX_LOGIT_BIAS_ENTRIES, MAX_STOP_STRINGS
@@ -85,10 +86,10 @@ class ServerConfig:
     threads: int | None = None  # ORT intra-op threads of each pipeline's decoder (None: cores // workers)
     #: ORT intra-op threads of each pipeline's vision, probe and selector graphs (None: threads)
     admission_threads: int | None = None
-    #: provider cpu: the share of the cores a new request's admission gets while streams decode, the two taking
-    #: turns (runtime/admission.py; coverpruner-serve's default is DEFAULT_ADMISSION_SHARE); 0: side by side, the
-    #: default of an app embedded in a process that may run other busy threads (the turns run the admission's
-    #: threads at SCHED_IDLE, which wait for every other busy thread)
+    #: provider cpu, max_batch > 1: the share of the cores a new request's admission gets while streams decode, the
+    #: two taking turns (runtime/admission.py; coverpruner-serve's default is DEFAULT_ADMISSION_SHARE); 0: side by
+    #: side, the default of an app embedded in a process that may run other busy threads (the turns run the
+    #: admission's threads at SCHED_IDLE, which wait for every other busy thread)
     admission_share: float = 0.0
     max_queue: int = 16
     model_name: str | None = None  # default: the engine dir's name
@@ -131,16 +132,16 @@ class ServerConfig:
 DEFAULT_MAX_BATCH = 8
 
 
-def resolve_max_batch(config: ServerConfig, pipeline) -> int:
+def resolve_max_batch(config: ServerConfig, manifest: Manifest) -> int:
     """The batch each worker decodes: config.max_batch, or the default above for a dir that can batch. A batch
     above 1 on a dir that cannot (standard-form decoder: TensorRT / CUDA) raises OptionError in one line (never a
     silent batch 1)."""
     if config.max_batch is None:
-        return DEFAULT_MAX_BATCH if pipeline.decoder_form == "ort" else 1
-    if config.max_batch > 1 and pipeline.decoder_form != "ort":
+        return DEFAULT_MAX_BATCH if manifest.decoder_form == "ort" else 1
+    if config.max_batch > 1 and manifest.decoder_form != "ort":
         raise OptionError(f"--max-batch {config.max_batch}: batched decoding needs the ORT-form decoder (provider "
                           f"cpu, or cuda with --dtype fp16 --decoder-form ort); {config.engine_dir} has the "
-                          f"{pipeline.decoder_form!r} form (its TensorRT / CUDA engines decode one request per "
+                          f"{manifest.decoder_form!r} form (its TensorRT / CUDA engines decode one request per "
                           "worker: use --max-batch 1 and --workers N)")
     return config.max_batch
 
@@ -152,10 +153,13 @@ class ServerState:
         self.config = config
         map_large_blocks()  # large images' memory goes back to the OS when freed (serving/memory.py)
         threads = config.threads or max(1, (os.cpu_count() or 1) // config.workers)
+        # the batch first (the dir's decoder form says it): only a batch of slots takes turns with its admission
+        # (runtime/engine.py), and a load with admission_share starts the admission's threads at the lowest priority
+        self.max_batch = resolve_max_batch(config, load_manifest(Path(config.engine_dir), verify=False))
+        share = config.admission_share if self.max_batch > 1 else 0.0
         self.pipelines = [Pipeline.load(config.engine_dir, provider=config.provider, threads=threads,
                                         selector=config.selector, prefix_cache_mb=config.prefix_cache_mb,
-                                        admission_threads=config.admission_threads,
-                                        admission_share=config.admission_share)
+                                        admission_threads=config.admission_threads, admission_share=share)
                           for _ in range(config.workers)]
         for pipeline in self.pipelines:
             pipeline.max_video_pixels = config.max_video_pixels
@@ -171,7 +175,6 @@ class ServerState:
         self.max_body_bytes = (max(MAX_BODY_BYTES, 4 * -(-config.max_video_bytes // 3) + _TEXT_ROOM_BYTES)
                                if self.takes_video else MAX_BODY_BYTES)
         self.created = int(time.time())
-        self.max_batch = resolve_max_batch(config, self.pipelines[0])
         # built here, in the caller's thread, so a dir that cannot batch fails at start-up in one line
         context = (config.batch_context or min(self.pipelines[0].max_positions, 4096)) if self.max_batch > 1 else None
         engines = [p.engine(self.max_batch, context, config.max_step_tokens, threaded=True) for p in self.pipelines]

@@ -65,3 +65,19 @@ def test_max_batch_on_a_standard_form_dir_is_refused(tiny_export):
 
     with pytest.raises(OptionError, match="batched decoding needs the ORT-form decoder"):
         create_app(ServerConfig(str(tiny_export), workers=1, threads=1, max_batch=4))
+
+
+def test_only_a_batched_server_takes_turns_with_its_admissions(ort_export):
+    """admission_share applies to a batch of slots (its engine takes turns with the admission); a --max-batch 1
+    server keeps its admission side by side at normal priority (no share, no staging session of the decoder)."""
+    from coverpruner.serving.app import ServerConfig, ServerState
+
+    for max_batch, share in ((1, None), (2, 0.5)):
+        state = ServerState(ServerConfig(str(ort_export), workers=1, threads=1, max_batch=max_batch,
+                                         batch_context=256, admission_share=0.5))
+        try:
+            model = state.pipelines[0].model
+            assert model.admission_share == share
+            assert (model.staging_session() is not None) == (share is not None)
+        finally:
+            state.pool.shutdown()
